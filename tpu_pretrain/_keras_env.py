@@ -1,0 +1,88 @@
+"""Put TensorFlow in Keras 2 (tf-keras) mode before it is first imported.
+
+bert4keras needs Keras 2. TensorFlow 2.16+ defaults to Keras 3, and the choice is fixed the first time
+``tf.keras`` is touched, so the environment variables must be set before that. This module has no
+heavy imports: importing :mod:`tpu_pretrain` stays fast for the data-preparation steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import metadata
+
+BERT4KERAS_VERSION = "0.11.5"
+
+
+class EnvironmentSetupError(RuntimeError):
+    """The Python environment cannot run bert4keras; the message says how to fix it."""
+
+
+def configure_keras2() -> None:
+    """Select Keras 2 for TensorFlow and bert4keras, or explain why that is no longer possible."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ["TF_KERAS"] = "1"  # bert4keras reads this to use tf.keras instead of standalone keras
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and _keras_major(tf) >= 3:
+        raise EnvironmentSetupError(
+            "TensorFlow was imported in Keras 3 mode before tpu_pretrain, so bert4keras cannot use "
+            "Keras 2 in this process. Fix: import tpu_pretrain before tensorflow (or set "
+            "TF_USE_LEGACY_KERAS=1 and TF_KERAS=1 before anything imports TensorFlow), then restart "
+            "the Python process or notebook kernel."
+        )
+
+
+def _keras_major(tf) -> int:
+    """Major version of the Keras behind ``tf.keras`` (touching it fixes TensorFlow's choice)."""
+    try:
+        layer_module = tf.keras.layers.Layer.__module__
+    except Exception:  # pragma: no cover - tf.keras missing entirely
+        return 3
+    return 2 if layer_module.startswith("tf_keras") else 3
+
+
+def check_dependencies() -> None:
+    """Fail early, with the install command, when tf-keras or bert4keras is missing or mismatched."""
+    problems = []
+    try:
+        tf_version = metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        tf_version = _first_installed(("tensorflow-cpu", "tensorflow-tpu", "tf-nightly"))
+    try:
+        tfk_version = metadata.version("tf-keras")
+    except metadata.PackageNotFoundError:
+        tfk_version = None
+    if tf_version and not tfk_version:
+        problems.append(f"tf-keras is missing: pip install 'tf-keras=={_minor(tf_version)}.*'")
+    elif tf_version and tfk_version and _minor(tf_version) != _minor(tfk_version):
+        problems.append(
+            f"tf-keras {tfk_version} does not match TensorFlow {tf_version}: "
+            f"pip install 'tf-keras=={_minor(tf_version)}.*'"
+        )
+    try:
+        b4k_version = metadata.version("bert4keras")
+    except metadata.PackageNotFoundError:
+        b4k_version = None
+    if b4k_version != BERT4KERAS_VERSION:
+        found = f"bert4keras {b4k_version} is installed" if b4k_version else "bert4keras is missing"
+        problems.append(
+            f"{found}; tpu_pretrain needs {BERT4KERAS_VERSION}: "
+            f"pip install --no-deps 'bert4keras=={BERT4KERAS_VERSION}' (--no-deps because it pins an "
+            "ancient keras)"
+        )
+    if problems:
+        raise EnvironmentSetupError("; ".join(problems))
+
+
+def _first_installed(names) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])

@@ -1,0 +1,125 @@
+"""The ``tpu-pretrain`` command line: one subcommand per step, flags named as the configuration fields.
+
+Flags are generated from :mod:`tpu_pretrain.config`, so a flag, a notebook parameter and a Python
+keyword argument always share one name. Booleans accept ``--flag``, ``--flag=false`` (the old absl
+style of Google's scripts) and ``--noflag``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import typing
+from collections.abc import Callable, Sequence
+
+from .config import Config, ConfigError, all_fields, field_type, parse_bool
+from .errors import UserInputError
+
+# Settings each data step accepts (the names are the configuration's).
+CORPUS_FLAGS = ("input", "doc_separator", "split_sentences", "unicode_normalization", "strip_control",
+                "strip_punctuation", "dedupe_lines", "max_line_length", "do_lower_case")
+VOCAB_FLAGS = CORPUS_FLAGS + ("vocab_size", "num_unused_tokens", "vocab_sample_lines",
+                              "sentencepiece_model_type", "random_seed", "output_dir", "vocab_file",
+                              "chinese_whole_word")
+CREATE_DATA_FLAGS = CORPUS_FLAGS + ("vocab_file", "output_dir", "max_seq_length", "max_predictions_per_seq",
+                                    "masked_lm_prob", "dupe_factor", "short_seq_prob", "random_seed",
+                                    "do_whole_word_mask", "no_nsp", "chinese_whole_word", "num_shards",
+                                    "eval_fraction", "workers", "max_position_embeddings")
+
+_COMMANDS: dict[str, tuple[str, Sequence[str], Callable[[Config, argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help_text: str, flags: Sequence[str]):
+    """Register a subcommand whose function takes the validated Config and the parsed arguments."""
+
+    def register(func):
+        _COMMANDS[name] = (help_text, flags, func)
+        return func
+
+    return register
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    fields = all_fields()
+    for name in names:
+        f = fields[name]
+        kind = field_type(name)
+        help_text = f"{f.metadata.get('help', '')} (default: {_default_text(f)})"
+        if kind is bool:
+            parser.add_argument(f"--{name}", nargs="?", const=True, default=None, type=parse_bool,
+                                metavar="BOOL", help=help_text)
+            parser.add_argument(f"--no{name}", dest=name, action="store_const", const=False,
+                                help=argparse.SUPPRESS)
+        elif typing.get_origin(kind) is list:
+            parser.add_argument(f"--{name}", nargs="+", action="extend", default=None, help=help_text)
+        else:
+            parser.add_argument(f"--{name}", type=kind, default=None, choices=f.metadata.get("choices"),
+                                help=help_text)
+
+
+def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return Config.load(getattr(args, "config", None), **overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpu-pretrain",
+        description="Pretrain BERT-family masked language models on TPU, GPU or CPU.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="More log output.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_text, flags, _) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--config", help="JSON or YAML file of settings; flags override it.")
+        add_config_arguments(p, flags)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    help_text, flags, func = _COMMANDS[args.command]
+    try:
+        config = config_from_args(args, flags)
+        return int(func(config, args) or 0)
+    except (ConfigError, UserInputError) as exc:
+        print(f"tpu-pretrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _default_text(f) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    return repr(f.default_factory())
+
+
+# -- subcommands ---------------------------------------------------------------------------------
+@command("vocab", "Train a WordPiece vocab.txt from a corpus (SentencePiece, converted).", VOCAB_FLAGS)
+def _vocab(config: Config, args: argparse.Namespace) -> int:
+    from .vocab import build_vocab
+
+    result = build_vocab(config)
+    print(result.summary())
+    return 0
+
+
+@command("create-data", "Turn a corpus into BERT pretraining TFRecord shards + manifest.json.",
+         CREATE_DATA_FLAGS)
+def _create_data(config: Config, args: argparse.Namespace) -> int:
+    from .pretraining_data import create_pretraining_data
+
+    manifest = create_pretraining_data(config)
+    print(manifest.summary())
+    return 0
+
+
+@command("demo", "Run the whole path on the built-in sample corpus.", ("output_dir", "workers"))
+def _demo(config: Config, args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(config.storage.output_dir or "demo_run", workers=config.data.workers)
+    return 0
