@@ -81,6 +81,7 @@ class ModelConfig:
     bert_config_file: str = _f("", "bert_config.json of the model to build.")
     max_position_embeddings: int = _f(512, "Position embeddings of a model built from model_size.")
     init_checkpoint: str = _f("", "Initial weights: a Google TF checkpoint or a Hugging Face BERT folder.")
+    hidden_dropout_prob: float = _f(-1.0, "Dropout rate; -1 keeps bert_config's (0.1 for a model_size).")
 
 
 @dataclass
@@ -92,6 +93,30 @@ class TrainConfig:
     num_train_steps: int = _f(100_000, "Total optimizer steps.")
     num_warmup_steps: int = _f(10_000, "Linear warmup steps.")
     save_checkpoints_steps: int = _f(1000, "Steps between checkpoints.")
+    optimizer: str = _f("adamw", "adamw (BERT's Adam with decoupled weight decay) or lamb (large batches).",
+                        choices=("adamw", "lamb"))
+    weight_decay_rate: float = _f(0.01, "Decoupled weight decay; LayerNorm and bias weights are excluded.")
+    adam_beta1: float = _f(0.9, "Adam/LAMB first-moment decay.")
+    adam_beta2: float = _f(0.999, "Adam/LAMB second-moment decay.")
+    adam_epsilon: float = _f(1e-6, "Adam/LAMB epsilon.")
+    lr_decay_power: float = _f(1.0, "Polynomial decay power after warmup (1.0: linear, as in BERT).")
+    end_learning_rate: float = _f(0.0, "Learning rate reached at num_train_steps.")
+    clip_norm: float = _f(1.0, "Global gradient-norm clipping threshold (0 disables).")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step (train_batch_size is split).")
+    steps_per_execution: int = _f(0, "Steps per compiled call (iterations_per_loop); 0: auto by accelerator.")
+    eval_batch_size: int = _f(0, "Global eval batch size (0: train_batch_size).")
+    max_eval_steps: int = _f(100, "Most eval batches per evaluation.")
+    eval_every_steps: int = _f(1000, "Steps between evaluations on the eval shards (0: only at the end).")
+    log_every_steps: int = _f(100, "Steps between TensorBoard scalars and log lines.")
+    dynamic_masking: bool = _f(False, "Re-mask on the fly each time a sequence is read (RoBERTa-style).")
+    shuffle_buffer_size: int = _f(10_000, "Records in the shuffle buffer of the training input.")
+    train_seed: int = _f(0, "Seed for weight initialisation, data order, dropout and dynamic masks.")
+    accelerator: str = _f("auto", "auto, tpu, gpu or cpu.", choices=("auto", "tpu", "gpu", "cpu"))
+    tpu_name: str = _f("local", "TPU to use: 'local' on TPU VMs (Colab, Kaggle), or a TPU name/grpc address.")
+    mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
+                              "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"))
+    jit_compile: str = _f("auto", "XLA-compile the training step: auto (TPU/GPU), on or off.",
+                          choices=("auto", "on", "off"))
 
 
 @dataclass
@@ -235,6 +260,21 @@ class Config:
         )
         _require(t.save_checkpoints_steps >= 1, "save_checkpoints_steps", t.save_checkpoints_steps,
                  "use at least 1")
+        _require(t.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
+                 t.gradient_accumulation_steps, "use at least 1")
+        _require(t.train_batch_size % t.gradient_accumulation_steps == 0, "train_batch_size",
+                 t.train_batch_size, f"it must be a multiple of gradient_accumulation_steps="
+                 f"{t.gradient_accumulation_steps} (the global batch is split into that many micro-batches)")
+        _require(t.steps_per_execution >= 0, "steps_per_execution", t.steps_per_execution,
+                 "use 0 (auto) or more")
+        _require(t.eval_batch_size >= 0, "eval_batch_size", t.eval_batch_size,
+                 "use 0 (train_batch_size) or more")
+        _require(t.clip_norm >= 0, "clip_norm", t.clip_norm, "use 0 (off) or a positive norm such as 1.0")
+        _require(t.weight_decay_rate >= 0, "weight_decay_rate", t.weight_decay_rate,
+                 "use 0 or more, e.g. 0.01")
+        _require(t.log_every_steps >= 1, "log_every_steps", t.log_every_steps, "use at least 1")
+        _require(t.eval_every_steps >= 0, "eval_every_steps", t.eval_every_steps, "use 0 (end only) or more")
+        _require(t.max_eval_steps >= 1, "max_eval_steps", t.max_eval_steps, "use at least 1")
         return self
 
 
