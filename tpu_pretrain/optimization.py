@@ -1,0 +1,116 @@
+"""Optimisers and learning-rate schedule for pretraining, as in Google's BERT ``optimization.py``.
+
+Built on tf-keras's current optimizer API (not bert4keras's legacy-API optimizers, which fail under
+tf-keras), so gradients are summed over replicas before global-norm clipping and the update runs
+under any ``tf.distribute`` strategy. Gradient accumulation lives in the training step (it splits the
+batch), so that k micro-batches give exactly the gradient of one batch k times the size.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+keras = tf.keras
+
+
+class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to the peak rate, then polynomial decay (power 1: linear) to ``end_learning_rate``."""
+
+    def __init__(self, learning_rate: float, num_train_steps: int, num_warmup_steps: int,
+                 power: float = 1.0, end_learning_rate: float = 0.0):
+        self.learning_rate = float(learning_rate)
+        self.num_train_steps = int(num_train_steps)
+        self.num_warmup_steps = int(num_warmup_steps)
+        self.power = float(power)
+        self.end_learning_rate = float(end_learning_rate)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        decay_steps = float(max(1, self.num_train_steps))
+        fraction = tf.minimum(step, decay_steps) / decay_steps
+        decayed = (self.learning_rate - self.end_learning_rate) * (1.0 - fraction) ** self.power
+        decayed += self.end_learning_rate
+        if self.num_warmup_steps <= 0:
+            return decayed
+        warmup = self.learning_rate * step / float(self.num_warmup_steps)
+        return tf.where(step < self.num_warmup_steps, warmup, decayed)
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "num_train_steps": self.num_train_steps,
+                "num_warmup_steps": self.num_warmup_steps, "power": self.power,
+                "end_learning_rate": self.end_learning_rate}
+
+
+class Lamb(keras.optimizers.Optimizer):
+    """LAMB (You et al. 2019): Adam direction plus decoupled decay, scaled per layer by ||w|| / ||update||.
+
+    For large global batches (TPU pods, heavy gradient accumulation). Weight decay and the trust
+    ratio skip the variables excluded with ``exclude_from_weight_decay`` (LayerNorm and biases).
+    """
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay_rate=0.01,
+                 name="Lamb", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.weight_decay_rate = weight_decay_rate
+
+    def build(self, var_list):
+        super().build(var_list)
+        if hasattr(self, "_built") and self._built:
+            return
+        self._built = True
+        self._m = [self.add_variable_from_reference(v, "m") for v in var_list]
+        self._v = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+    def update_step(self, gradient, variable):
+        lr = tf.cast(self.learning_rate, variable.dtype)
+        step = tf.cast(self.iterations + 1, variable.dtype)
+        index = self._index_dict[self._var_key(variable)]
+        m, v = self._m[index], self._v[index]
+        m.assign(self.beta_1 * m + (1 - self.beta_1) * gradient)
+        v.assign(self.beta_2 * v + (1 - self.beta_2) * tf.square(gradient))
+        m_hat = m / (1 - tf.pow(tf.cast(self.beta_1, variable.dtype), step))
+        v_hat = v / (1 - tf.pow(tf.cast(self.beta_2, variable.dtype), step))
+        update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
+        if self._use_weight_decay(variable):
+            update += self.weight_decay_rate * variable
+            w_norm, u_norm = tf.norm(variable), tf.norm(update)
+            ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, tf.ones_like(w_norm))
+        else:
+            ratio = tf.constant(1.0, variable.dtype)
+        variable.assign_sub(lr * ratio * update)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"learning_rate": self._serialize_hyperparameter(self._learning_rate),
+                       "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                       "weight_decay_rate": self.weight_decay_rate})
+        return config
+
+
+def no_decay_variables(variables) -> list:
+    """LayerNorm scales/offsets and biases (every 1-D weight in BERT) are not decayed, as in BERT."""
+    return [v for v in variables if len(v.shape) <= 1]
+
+
+def create_optimizer(*, optimizer: str = "adamw", learning_rate: float, num_train_steps: int,
+                     num_warmup_steps: int, weight_decay_rate: float = 0.01, beta_1: float = 0.9,
+                     beta_2: float = 0.999, epsilon: float = 1e-6, clip_norm: float = 1.0,
+                     lr_decay_power: float = 1.0, end_learning_rate: float = 0.0, variables=(),
+                     jit_compile: bool = False) -> keras.optimizers.Optimizer:
+    """AdamW or LAMB with BERT's schedule, clipping and decay exclusions; create it in the strategy scope."""
+    schedule = WarmupPolynomialDecay(learning_rate, num_train_steps, num_warmup_steps, lr_decay_power,
+                                     end_learning_rate)
+    clip = {"global_clipnorm": clip_norm} if clip_norm > 0 else {}
+    if optimizer == "adamw":
+        opt = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay_rate,
+                                     beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                                     jit_compile=jit_compile, **clip)
+    elif optimizer == "lamb":
+        opt = Lamb(learning_rate=schedule, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                   weight_decay_rate=weight_decay_rate, jit_compile=jit_compile, **clip)
+    else:
+        raise ValueError(f"optimizer must be adamw or lamb, not {optimizer!r}")
+    opt.exclude_from_weight_decay(var_list=no_decay_variables(variables))
+    return opt
