@@ -1,0 +1,74 @@
+"""BERT's basic + WordPiece tokenisation, fast, through Hugging Face ``tokenizers``.
+
+The same algorithm as Google's ``FullTokenizer`` (clean text, CJK characters split, optional
+lower-casing and accent stripping, punctuation split, greedy longest-match WordPiece with ``##``
+continuations, words over 100 characters become [UNK]), run in Rust and in parallel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .vocab import SPECIAL_TOKENS, load_vocab
+
+MAX_INPUT_CHARS_PER_WORD = 100
+
+
+class BertTokenizer:
+    """A WordPiece tokenizer with the same vocab and rules as Google's ``FullTokenizer``."""
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = True):
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+        self.vocab_file = str(vocab_file)
+        self.do_lower_case = do_lower_case
+        self.inv_vocab = load_vocab(vocab_file)
+        self.vocab = {token: index for index, token in enumerate(self.inv_vocab)}
+        tokenizer = Tokenizer(
+            models.WordPiece(vocab=self.vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+        )
+        tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece(prefix="##")
+        self._tokenizer = tokenizer
+        self.special_ids = {token: self.vocab[token] for token in SPECIAL_TOKENS}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self.special_ids[t] for t in SPECIAL_TOKENS
+        )
+        self.is_continuation = np.array([t.startswith("##") for t in self.inv_vocab], dtype=bool)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.inv_vocab)
+
+    @property
+    def backend(self):
+        """The underlying ``tokenizers.Tokenizer`` (for offsets and batch work)."""
+        return self._tokenizer
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of many texts at once (parallel in Rust), as int32 arrays."""
+        encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+
+    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
+        return [self.vocab.get(t, self.unk_id) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.inv_vocab[int(i)] for i in ids]
+
+    def decode(self, ids) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> BertTokenizer:
+    """The project's tokenizer for ``vocab_file``; ``tokenize``/``encode`` match Google's FullTokenizer."""
+    return BertTokenizer(vocab_file, do_lower_case=do_lower_case)
