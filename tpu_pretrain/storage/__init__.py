@@ -1,0 +1,121 @@
+"""One small interface over local folders, Google Drive (a mounted folder) and ``gs://bucket/prefix``.
+
+Every part of tpu_pretrain reads and writes through these functions, so a run folder can live on
+any of the three. Writes are atomic everywhere (a reader never sees half a file or object), and
+transfers are verified by crc32c. Nothing here ever makes a bucket or object public.
+
+    from tpu_pretrain import storage
+    storage.write_text("gs://my-bucket/run1/config.json", text)
+    storage.sync("run1/checkpoints", "gs://my-bucket/run1/checkpoints")
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import drive
+from .errors import (
+    ChecksumMismatchError,
+    InsufficientSpaceError,
+    NotFoundError,
+    PermissionDeniedError,
+    StorageError,
+)
+from .gcs import GcsBackend, GcsPath, is_gcs_url
+from .local import LocalBackend, atomic_open
+from .transfer import FileResult, TransferOptions, TransferSummary, transfer
+
+__all__ = [
+    "ChecksumMismatchError", "FileResult", "GcsPath", "InsufficientSpaceError", "NotFoundError",
+    "PermissionDeniedError", "StorageError", "TransferOptions", "TransferSummary", "atomic_open",
+    "copy", "delete", "ensure_free_space", "exists", "free_space", "is_dir", "is_gcs_url", "join",
+    "list_files", "read_bytes", "read_text", "sync", "transfer", "write_bytes", "write_text",
+]
+
+ensure_free_space = drive.ensure_free_space
+_LOCAL = LocalBackend()
+_GCS = GcsBackend()
+
+
+def _backend(path: str | os.PathLike):
+    path = os.fspath(path)
+    if is_gcs_url(path):
+        return _GCS, path
+    if "://" in path:
+        raise StorageError(f"{path}: only local paths, Drive folders and gs:// URLs are supported.")
+    drive.ensure_drive_ready(path)
+    return _LOCAL, path
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+    """Join path parts with '/' for gs:// URLs and the OS separator for local paths."""
+    base = os.fspath(base)
+    if is_gcs_url(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return os.path.join(base, *parts)
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """Whether a file/object exists, or a folder/prefix holds anything."""
+    backend, p = _backend(path)
+    return backend.exists(p)
+
+
+def is_dir(path: str | os.PathLike) -> bool:
+    backend, p = _backend(path)
+    return backend.is_dir(p)
+
+
+def list_files(path: str | os.PathLike) -> list[tuple[str, int]]:
+    """``(relative path, size)`` of every file under a folder or prefix, sorted."""
+    backend, p = _backend(path)
+    if backend is _GCS:
+        return [(info.rel, info.size) for info in backend.list(p)]
+    return backend.list(p)
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    backend, p = _backend(path)
+    return backend.read_bytes(p)
+
+
+def read_text(path: str | os.PathLike, encoding: str = "utf-8") -> str:
+    return read_bytes(path).decode(encoding)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write atomically: readers see the old content or the new, never a mix."""
+    backend, p = _backend(path)
+    backend.write_bytes(p, data)
+
+
+def write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    write_bytes(path, text.encode(encoding))
+
+
+def copy(src: str | os.PathLike, dst: str | os.PathLike, **options) -> TransferSummary:
+    """Copy one file or object (any pair of local and gs://), verified; raise if it fails."""
+    return sync(src, dst, **options)
+
+
+def sync(src: str | os.PathLike, dst: str | os.PathLike, **options) -> TransferSummary:
+    """Make ``dst`` hold what ``src`` holds (files already identical are skipped); raise on failure.
+
+    Keyword options are :class:`TransferOptions` fields; ``progress`` defaults to False here.
+    """
+    for side in (src, dst):
+        _backend(side)  # validates the URL / Drive mount
+    options.setdefault("progress", False)
+    return transfer(os.fspath(src), os.fspath(dst), TransferOptions(**options)).raise_for_failures()
+
+
+def delete(path: str | os.PathLike, recursive: bool = False) -> None:
+    """Delete a file/object, or with ``recursive`` a folder/prefix and everything under it."""
+    backend, p = _backend(path)
+    backend.delete(p, recursive=recursive)
+
+
+def free_space(path: str | os.PathLike) -> int | None:
+    """Free bytes where ``path`` would be written; None for buckets (no fixed capacity)."""
+    backend, p = _backend(path)
+    return backend.free_space(p)

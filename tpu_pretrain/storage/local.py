@@ -1,0 +1,105 @@
+"""Local folders (and Google Drive, which Colab mounts as a folder): atomic writes, listings.
+
+Every write goes to a temporary name in the destination folder and is renamed into place, so a
+reader (or a resumed run) never sees half a file, even if the process dies mid-write.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import drive
+from .errors import NotFoundError, StorageError
+
+TEMP_MARK = ".tpu-pretrain-tmp-"
+# Writes at least this large are preceded by a free-space check (checkpoints, shards).
+LARGE_WRITE = 16 * 1024 * 1024
+
+
+def temp_name(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(f".{path.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def is_temp_name(name: str) -> bool:
+    return TEMP_MARK in name
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, expected_size: int | None = None) -> Iterator:
+    """Open a temporary file next to ``path`` for writing; rename it to ``path`` on success only."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if expected_size is not None and expected_size >= LARGE_WRITE:
+        drive.ensure_free_space(path.parent, expected_size, what=path.name)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class LocalBackend:
+    """Files under a local path; paths are plain filesystem paths."""
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def list(self, path: str) -> list[tuple[str, int]]:
+        """(relative path with '/' separators, size) of every file under ``path`` (or of the file)."""
+        if os.path.isfile(path):
+            return [(os.path.basename(path), os.path.getsize(path))]
+        if not os.path.isdir(path):
+            raise NotFoundError(f"{path}: no such file or folder.")
+        found = []
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                if is_temp_name(name):
+                    continue  # another writer's unfinished file
+                full = os.path.join(root, name)
+                found.append((os.path.relpath(full, path).replace(os.sep, "/"), os.path.getsize(full)))
+        return found
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(f"{path}: no such file.") from None
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with atomic_open(path, expected_size=len(data)) as f:
+            f.write(data)
+
+    def copy_file(self, src: str, dst: str, on_bytes: Callable[[int], None] | None = None) -> None:
+        with open(src, "rb") as fin, atomic_open(dst, expected_size=os.path.getsize(src)) as fout:
+            while block := fin.read(4 * 1024 * 1024):
+                fout.write(block)
+                if on_bytes:
+                    on_bytes(len(block))
+
+    def delete(self, path: str, recursive: bool = False) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            if not recursive:
+                raise StorageError(f"{path} is a folder; pass recursive=True to delete it and its files.")
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+        else:
+            raise NotFoundError(f"{path}: no such file or folder.")
+
+    def free_space(self, path: str) -> int | None:
+        return drive.free_space(path)
