@@ -1,0 +1,75 @@
+"""Small BERT-schema shards for the training tests (the real pipeline may not be available)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+
+def write_vocab(path: str, size: int) -> str:
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(size - 5)]
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(tokens) + "\n")
+    return path
+
+
+def synthetic_instances(n: int, seq_len: int, max_pred: int, vocab_size: int, seed: int = 0):
+    """Learnable toy sequences: each token is (previous + 1) mod range, with BERT-style masking."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(seq_len // 2, seq_len + 1))
+        start = int(rng.integers(5, vocab_size))
+        body = [5 + (start + i - 5) % (vocab_size - 5) for i in range(length - 3)]
+        cut = len(body) // 2
+        ids = [2] + body[:cut] + [3] + body[cut:] + [3]
+        segments = [0] * (cut + 2) + [1] * (len(body) - cut + 1)
+        candidates = [i for i, t in enumerate(ids) if t not in (2, 3)]
+        n_mask = min(max_pred, max(1, round(len(candidates) * 0.15)))
+        positions = sorted(rng.choice(candidates, n_mask, replace=False).tolist())
+        labels = [ids[p] for p in positions]
+        masked = list(ids)
+        for p in positions:
+            masked[p] = 4
+        pad = seq_len - len(ids)
+        out.append({
+            "input_ids": masked + [0] * pad,
+            "input_mask": [1] * len(ids) + [0] * pad,
+            "segment_ids": segments + [0] * pad,
+            "masked_lm_positions": positions + [0] * (max_pred - n_mask),
+            "masked_lm_ids": labels + [0] * (max_pred - n_mask),
+            "masked_lm_weights": [1.0] * n_mask + [0.0] * (max_pred - n_mask),
+            "next_sentence_labels": [int(rng.integers(0, 2))],
+        })
+    return out
+
+
+def write_shards(folder: str, instances_by_split: dict, seq_len: int, max_pred: int, vocab_size: int,
+                 shards_per_split: int = 2) -> str:
+    """Write ``train-*``/``eval-*`` shards and a manifest.json in the project's data layout."""
+    import tensorflow as tf
+
+    os.makedirs(folder, exist_ok=True)
+    manifest = {"settings": {"max_seq_length": seq_len, "max_predictions_per_seq": max_pred},
+                "vocab_size": vocab_size, "shards": []}
+    for split, instances in instances_by_split.items():
+        count = shards_per_split if split == "train" else 1
+        for shard in range(count):
+            name = f"{split}-{shard:05d}-of-{count:05d}.tfrecord"
+            part = instances[shard::count]
+            with tf.io.TFRecordWriter(os.path.join(folder, name)) as writer:
+                for inst in part:
+                    feature = {}
+                    for key, values in inst.items():
+                        if key == "masked_lm_weights":
+                            feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
+                        else:
+                            feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+                    example = tf.train.Example(features=tf.train.Features(feature=feature))
+                    writer.write(example.SerializeToString(deterministic=True))
+            manifest["shards"].append({"file": name, "split": split, "instances": len(part)})
+    with open(os.path.join(folder, "manifest.json"), "w") as handle:
+        json.dump(manifest, handle, indent=2)
+    return folder

@@ -1,0 +1,217 @@
+"""tf.data input for pretraining: BERT-schema TFRecord shards -> per-replica batches with static shapes.
+
+TPUs need static shapes (``drop_remainder``) and int32; every accelerator wants reads that overlap
+compute (parallel interleave, prefetch). The order is a pure function of the seed, so the same run
+on 1 or N replicas sees the same global batches (replicas take consecutive per-replica batches).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from .errors import UserInputError
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class DataInfo:
+    """The shards and shapes of a data folder (from manifest.json, or from the files themselves)."""
+
+    data_dir: str
+    train_files: list[str]
+    eval_files: list[str]
+    max_seq_length: int
+    max_predictions_per_seq: int
+    vocab_size: int | None = None
+    train_instances: int | None = None
+    eval_instances: int | None = None
+    settings: dict = field(default_factory=dict)
+
+
+def read_data_info(data_dir: str) -> DataInfo:
+    """Find the train/eval shards; read their shapes from the manifest or the first record."""
+    if not data_dir:
+        raise UserInputError("Set data_dir: the folder written by `tpu-pretrain create-data`.")
+    if not os.path.isdir(data_dir):
+        raise UserInputError(f"data_dir {data_dir} does not exist (run `tpu-pretrain create-data` first).")
+    manifest_path = os.path.join(data_dir, MANIFEST)
+    if os.path.isfile(manifest_path):
+        with open(manifest_path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        shards = manifest.get("shards", [])
+        train = [os.path.join(data_dir, s["file"]) for s in shards if s.get("split") == "train"]
+        evals = [os.path.join(data_dir, s["file"]) for s in shards if s.get("split") == "eval"]
+        missing = [f for f in train + evals if not os.path.isfile(f)]
+        if missing:
+            raise UserInputError(f"{manifest_path} lists shards that are missing: {', '.join(missing[:3])}; "
+                                 "copy the whole data folder or run create-data again.")
+        settings = manifest.get("settings", {})
+
+        def count(split):
+            values = [s.get("instances") for s in shards if s.get("split") == split]
+            return sum(values) if values and None not in values else None
+
+        info = DataInfo(data_dir, train, evals, 0, 0, manifest.get("vocab_size"), count("train"),
+                        count("eval"), settings)
+        seq, pred = settings.get("max_seq_length"), settings.get("max_predictions_per_seq")
+    else:
+        train = sorted(glob.glob(os.path.join(data_dir, "train-*.tfrecord")))
+        evals = sorted(glob.glob(os.path.join(data_dir, "eval-*.tfrecord")))
+        info = DataInfo(data_dir, train, evals, 0, 0)
+        seq = pred = None
+    if not info.train_files:
+        raise UserInputError(f"No training shards (train-*.tfrecord) in {data_dir}.")
+    if not seq or not pred:
+        seq, pred = record_shapes(info.train_files[0])
+    info.max_seq_length, info.max_predictions_per_seq = int(seq), int(pred)
+    return info
+
+
+def record_shapes(path: str) -> tuple[int, int]:
+    """(max_seq_length, max_predictions_per_seq) of the first record of a shard."""
+    for raw in tf.data.TFRecordDataset(path).take(1):
+        example = tf.train.Example.FromString(raw.numpy())
+        feats = example.features.feature
+        try:
+            return len(feats["input_ids"].int64_list.value), len(feats["masked_lm_positions"].int64_list.value)
+        except KeyError as exc:
+            raise UserInputError(f"{path} is not in the BERT pretraining schema (no {exc}).") from None
+    raise UserInputError(f"{path} holds no records.")
+
+
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
+    seq, pred = max_seq_length, max_predictions_per_seq
+    return {
+        "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([seq], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([seq], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([pred], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([pred], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([pred], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+
+
+def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int) -> dict:
+    """Parse a batch of records at once (vectorised) and cast int64 to int32, which TPUs prefer."""
+    parsed = tf.io.parse_example(serialized, feature_spec(max_seq_length, max_predictions_per_seq))
+    out = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
+    out["next_sentence_labels"] = tf.reshape(out["next_sentence_labels"], [-1])
+    return out
+
+
+@dataclass
+class MaskingSpec:
+    """What dynamic masking needs to know about the vocab."""
+
+    vocab_size: int
+    mask_id: int
+    cls_id: int
+    sep_id: int
+    masked_lm_prob: float = 0.15
+
+    @classmethod
+    def from_vocab_file(cls, path: str, masked_lm_prob: float = 0.15) -> MaskingSpec:
+        with open(path, encoding="utf-8") as handle:
+            tokens = [line.rstrip("\n").strip() for line in handle]
+        index = {t: i for i, t in enumerate(tokens)}
+        missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
+        if missing:
+            raise UserInputError(f"vocab_file {path} lacks {', '.join(missing)}.")
+        return cls(len(tokens), index["[MASK]"], index["[CLS]"], index["[SEP]"], masked_lm_prob)
+
+
+def dynamic_mask(features: dict, seed, spec: MaskingSpec) -> dict:
+    """Re-mask a batch (RoBERTa-style): restore the original tokens, then mask afresh with 80/10/10.
+
+    Token-level masking of real tokens ([CLS], [SEP] and padding excluded), up to the record's
+    max_predictions_per_seq; ``seed`` is a stateless seed pair, so the masks are reproducible.
+    """
+    ids, positions = features["input_ids"], features["masked_lm_positions"]
+    seq_len, max_pred = ids.shape[-1], positions.shape[-1]
+    valid = tf.cast(features["masked_lm_weights"] > 0, tf.int32)
+    hits = tf.one_hot(positions, seq_len, dtype=tf.int32) * valid[..., None]  # [B, P, T]
+    restored = tf.reduce_sum(hits * features["masked_lm_ids"][..., None], axis=1)
+    ids = tf.where(tf.reduce_max(hits, axis=1) > 0, restored, ids)
+
+    candidates = (features["input_mask"] > 0) & (ids != spec.cls_id) & (ids != spec.sep_id)
+    n_candidates = tf.reduce_sum(tf.cast(candidates, tf.float32), axis=1)
+    n_mask = tf.cast(tf.round(n_candidates * spec.masked_lm_prob), tf.int32)
+    n_mask = tf.minimum(tf.maximum(n_mask, 1), tf.minimum(max_pred, tf.cast(n_candidates, tf.int32)))
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    scores = tf.where(candidates, tf.random.stateless_uniform(tf.shape(ids), seeds[0]), -1.0)
+    _, picked = tf.math.top_k(scores, k=max_pred)
+    keep = tf.range(max_pred)[None, :] < n_mask[:, None]
+    picked = tf.sort(tf.where(keep, picked, seq_len), axis=1)  # ascending, unused slots last
+    keep = picked < seq_len
+    new_positions = tf.where(keep, picked, 0)
+    labels = tf.gather(ids, new_positions, batch_dims=1) * tf.cast(keep, tf.int32)
+
+    choice = tf.random.stateless_uniform(tf.shape(new_positions), seeds[1])
+    random_tokens = tf.random.stateless_uniform(tf.shape(new_positions), seeds[2], minval=0,
+                                                maxval=spec.vocab_size, dtype=tf.int32)
+    replacement = tf.where(choice < 0.8, spec.mask_id, tf.where(choice < 0.9, labels, random_tokens))
+    writes = tf.one_hot(new_positions, seq_len, dtype=tf.int32) * tf.cast(keep, tf.int32)[..., None]
+    written = tf.reduce_sum(writes * replacement[..., None], axis=1)
+    out = dict(features)
+    out["input_ids"] = tf.where(tf.reduce_max(writes, axis=1) > 0, written, ids)
+    out["masked_lm_positions"] = new_positions
+    out["masked_lm_ids"] = labels
+    out["masked_lm_weights"] = tf.cast(keep, tf.float32)
+    return out
+
+
+def make_dataset(files: list[str], *, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
+                 training: bool, seed: int = 0, shuffle_buffer_size: int = 10_000,
+                 masking: MaskingSpec | None = None, max_batches: int | None = None,
+                 input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """One input pipeline's batches (``batch_size`` is per replica when distributed)."""
+    ds = tf.data.Dataset.from_tensor_slices(sorted(files))
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    shard_files = pipelines > 1 and len(files) >= pipelines
+    if shard_files:
+        ds = ds.shard(pipelines, input_context.input_pipeline_id)
+    if training:
+        ds = ds.repeat().shuffle(len(files), seed=seed)
+        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        ds = ds.flat_map(tf.data.TFRecordDataset)
+    if pipelines > 1 and not shard_files:
+        ds = ds.shard(pipelines, input_context.input_pipeline_id)
+    if training and shuffle_buffer_size > 1:
+        ds = ds.shuffle(shuffle_buffer_size, seed=seed)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    if max_batches:
+        ds = ds.take(max_batches)
+    ds = ds.map(lambda s: parse_batch(s, max_seq_length, max_predictions_per_seq),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if masking is not None:
+        pipeline_id = input_context.input_pipeline_id if input_context else 0
+        ds = ds.enumerate().map(
+            lambda i, b: dynamic_mask(b, tf.stack([tf.cast(seed * 1000 + pipeline_id, tf.int64), i]), masking),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def distributed_dataset(strategy: tf.distribute.Strategy, files: list[str], global_batch_size: int,
+                        **kwargs):
+    """Split the global batch over the strategy's replicas; each input pipeline reads its own shards."""
+    replicas = strategy.num_replicas_in_sync
+    if global_batch_size % replicas:
+        raise UserInputError(f"The global batch {global_batch_size} is not divisible by the {replicas} "
+                             f"replicas; use a multiple of {replicas}.")
+
+    def dataset_fn(context: tf.distribute.InputContext):
+        return make_dataset(files, batch_size=context.get_per_replica_batch_size(global_batch_size),
+                            input_context=context, **kwargs)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
