@@ -30,13 +30,16 @@ _EXAMPLES_KEPT = 5
 
 # ANSI/VT100 escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ESC sequences).
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-# Control and invisible format characters BERT's tokenizer would drop anyway (tab becomes a space).
-_CONTROL_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]")
+# Control, invisible format and private-use characters BERT's tokenizers drop or turn into [UNK] (tab: a space).
+_CONTROL_RE = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ue000-\uf8ff\ufeff\ufff9-\ufffb"
+    "\U000f0000-\U0010ffff]"
+)
 # Sentence ends: English . ! ? followed by space and an upper-case letter, digit or quote; Chinese and
 # Japanese full-width ends (optionally followed by closing quotes) without needing a space.
 _SENTENCE_END_RE = re.compile(
-    r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9À-Ý])"
-    r"|(?<=[。！？!?；…])[”’」』）)]*\s*(?=\S)"
+    r"[.!?]+[\"'”’)\]]*(?=\s+[\"'“‘(\[]?[A-Z0-9À-Ý])"
+    r"|[。！？!?；…]+[”’」』）)]*"
 )
 
 
@@ -161,7 +164,11 @@ def _punctuation_table() -> dict[int, None]:
 
 def split_sentences(text: str) -> list[str]:
     """Split a paragraph at English (. ! ? + capital) and Chinese (。！？；…) sentence ends."""
-    parts = [p.strip() for p in _SENTENCE_END_RE.split(text)]
+    parts, start = [], 0
+    for match in _SENTENCE_END_RE.finditer(text):
+        parts.append(text[start:match.end()].strip())
+        start = match.end()
+    parts.append(text[start:].strip())
     return [p for p in parts if p]
 
 

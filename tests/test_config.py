@@ -1,0 +1,82 @@
+import json
+
+import pytest
+
+from tpu_pretrain.cli import build_parser, config_from_args
+from tpu_pretrain.config import Config, ConfigError
+
+
+def test_defaults_keep_the_original_bert_flag_values():
+    config = Config.load()
+    assert config.data.max_seq_length == 128
+    assert config.data.max_predictions_per_seq == 20
+    assert config.data.masked_lm_prob == 0.15
+    assert config.data.short_seq_prob == 0.1
+
+
+def test_flat_keyword_arguments_and_sections():
+    config = Config.load(max_seq_length=64, max_predictions_per_seq=10, data={"dupe_factor": 3})
+    assert config.data.max_seq_length == 64
+    assert config.data.dupe_factor == 3
+    assert config.get("max_predictions_per_seq") == 10
+
+
+def test_unknown_key_suggests_the_close_name():
+    with pytest.raises(ConfigError, match="Unknown setting 'max_seq_len'.*Did you mean 'max_seq_length'"):
+        Config.load(max_seq_len=128)
+
+
+def test_unknown_key_in_a_section_is_named():
+    with pytest.raises(ConfigError, match="'dupe_factr' in section 'data'.*dupe_factor"):
+        Config.from_dict({"data": {"dupe_factr": 2}})
+
+
+def test_max_predictions_beyond_the_masked_budget_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"max_predictions_per_seq=60 .*set max_predictions_per_seq=20"):
+        Config.load(max_predictions_per_seq=60)
+    Config.load(max_seq_length=512, max_predictions_per_seq=80)  # BERT's own long-sequence setting is fine
+
+
+def test_max_seq_length_above_position_embeddings():
+    with pytest.raises(ConfigError, match="max_seq_length=1024 .*max_position_embeddings=512"):
+        Config.load(max_seq_length=1024, max_predictions_per_seq=150)
+
+
+def test_types_are_checked_with_the_setting_named():
+    with pytest.raises(ConfigError, match="Setting 'dupe_factor' .*'many'"):
+        Config.load(dupe_factor="many")
+    with pytest.raises(ConfigError, match="unicode_normalization.*choose one of NFKC, NFC, none"):
+        Config.load(unicode_normalization="NFKD")
+
+
+def test_json_and_yaml_files(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"max_seq_length": 256, "max_predictions_per_seq": 40}))
+    (tmp_path / "c.yaml").write_text("data:\n  dupe_factor: 4\ndo_lower_case: false\n")
+    assert Config.load(tmp_path / "c.json").data.max_seq_length == 256
+    config = Config.load(tmp_path / "c.yaml", dupe_factor=7)
+    assert config.data.dupe_factor == 7 and config.data.do_lower_case is False
+    (tmp_path / "bad.yaml").write_text("data: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        Config.load(tmp_path / "bad.yaml")
+
+
+def test_save_and_reload_round_trip(tmp_path):
+    config = Config.load(max_seq_length=256, max_predictions_per_seq=40, input=["a.txt"])
+    config.save(tmp_path / "config.json")
+    assert Config.load(tmp_path / "config.json").to_dict() == config.to_dict()
+
+
+def test_cli_flags_share_the_configuration_names(tmp_path):
+    settings = {"dupe_factor": 3, "max_seq_length": 64, "max_predictions_per_seq": 10}
+    (tmp_path / "c.json").write_text(json.dumps(settings))
+    args = build_parser().parse_args(
+        ["create-data", "--config", str(tmp_path / "c.json"), "--input", "a.txt", "b.txt", "--max_seq_length", "96",
+         "--max_predictions_per_seq", "15", "--do_lower_case=false", "--no_nsp"]
+    )
+    from tpu_pretrain.cli import CREATE_DATA_FLAGS
+
+    config = config_from_args(args, CREATE_DATA_FLAGS)
+    assert config.corpus.input == ["a.txt", "b.txt"]
+    assert config.data.max_seq_length == 96  # flag overrides the file
+    assert config.data.dupe_factor == 3  # the file's value stays when no flag is given
+    assert config.data.do_lower_case is False and config.data.no_nsp is True
