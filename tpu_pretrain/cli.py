@@ -28,14 +28,31 @@ CREATE_DATA_FLAGS = CORPUS_FLAGS + ("vocab_file", "output_dir", "max_seq_length"
                                     "do_whole_word_mask", "no_nsp", "chinese_whole_word", "num_shards",
                                     "eval_fraction", "workers", "max_position_embeddings")
 
+TRAIN_FLAGS = ("data_dir", "output_dir", "vocab_file", "max_seq_length", "max_predictions_per_seq", "no_nsp",
+               "masked_lm_prob", "model_size", "bert_config_file", "max_position_embeddings", "init_checkpoint",
+               "hidden_dropout_prob", "train_batch_size", "learning_rate", "num_train_steps", "num_warmup_steps",
+               "save_checkpoints_steps", "optimizer", "weight_decay_rate", "adam_beta1", "adam_beta2",
+               "adam_epsilon", "lr_decay_power", "end_learning_rate", "clip_norm", "gradient_accumulation_steps",
+               "steps_per_execution", "eval_batch_size", "max_eval_steps", "eval_every_steps", "log_every_steps",
+               "dynamic_masking", "shuffle_buffer_size", "train_seed", "accelerator", "tpu_name",
+               "mixed_precision", "jit_compile", "keep_checkpoint_max")
+
 _COMMANDS: dict[str, tuple[str, Sequence[str], Callable[[Config, argparse.Namespace], int]]] = {}
+# Extra (e.g. positional) arguments of a subcommand, added by a callback on its parser.
+_ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
 
 
-def command(name: str, help_text: str, flags: Sequence[str]):
-    """Register a subcommand whose function takes the validated Config and the parsed arguments."""
+def command(name: str, help_text: str, flags: Sequence[str],
+            arguments: Callable[[argparse.ArgumentParser], None] | None = None):
+    """Register a subcommand whose function takes the validated Config and the parsed arguments.
+
+    ``arguments``, if given, adds arguments that are not configuration settings (such as SRC DEST).
+    """
 
     def register(func):
         _COMMANDS[name] = (help_text, flags, func)
+        if arguments is not None:
+            _ARGUMENTS[name] = arguments
         return func
 
     return register
@@ -75,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--config", help="JSON or YAML file of settings; flags override it.")
         add_config_arguments(p, flags)
+        if name in _ARGUMENTS:
+            _ARGUMENTS[name](p)
     return parser
 
 
@@ -117,9 +136,71 @@ def _create_data(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+@command("train", "Pretrain BERT on the shards of create-data (TPU, GPUs or CPU).", TRAIN_FLAGS)
+def _train(config: Config, args: argparse.Namespace) -> int:
+    from .training import train
+
+    result = train(config)
+    print(result.summary())
+    return 0
+
+
 @command("demo", "Run the whole path on the built-in sample corpus.", ("output_dir", "workers"))
 def _demo(config: Config, args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     run_demo(config.storage.output_dir or "demo_run", workers=config.data.workers)
     return 0
+
+
+# -- storage ---------------------------------------------------------------------------------------
+TRANSFER_FLAGS = ("transfer_workers", "transfer_retries", "resumable_chunk_mb", "mount_drive")
+
+
+def _src_dest_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC", help="File or folder to copy: a local path or gs://bucket/path.")
+    parser.add_argument("dest", metavar="DEST", help="Where it goes: a local path or gs://bucket/path.")
+
+
+def _transfer(config: Config, args: argparse.Namespace) -> int:
+    from .storage import drive
+    from .storage.transfer import TransferOptions, transfer
+
+    s = config.storage
+    for path in (args.src, args.dest):
+        drive.ensure_drive_ready(path, mount=s.mount_drive)
+    chunk = s.resumable_chunk_mb * 1024 * 1024
+    options = TransferOptions(workers=s.transfer_workers, retries=s.transfer_retries, chunk_size=chunk,
+                              resumable_threshold=chunk, progress=True)
+    summary = transfer(args.src, args.dest, options)
+    print(summary.text())
+    return 0 if summary.ok else 1
+
+
+@command("upload", "Upload a file or folder to Cloud Storage: parallel, resumable, crc32c-verified; "
+         "identical files are skipped, so re-running only sends what is missing.", TRANSFER_FLAGS,
+         arguments=_src_dest_arguments)
+def _upload(config: Config, args: argparse.Namespace) -> int:
+    return _transfer(config, args)
+
+
+@command("download", "Download a file or prefix from Cloud Storage: parallel, crc32c-verified, atomic; "
+         "identical files are skipped.", TRANSFER_FLAGS, arguments=_src_dest_arguments)
+def _download(config: Config, args: argparse.Namespace) -> int:
+    return _transfer(config, args)
+
+
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="gs://BUCKET[/PREFIX]", help="Bucket (and prefix) to check.")
+
+
+@command("storage-check", "Warn if a bucket is public, verify the credentials can list/read the data "
+         "prefix (--data_dir) and write the run prefix (--output_dir), and print least-privilege "
+         "gcloud commands.", ("data_dir", "output_dir"), arguments=_check_arguments)
+def _storage_check(config: Config, args: argparse.Namespace) -> int:
+    from .storage.security import check_storage
+
+    s = config.storage
+    report = check_storage(args.url, data_url=s.data_dir or None, run_url=s.output_dir or None)
+    print(report.text())
+    return 0 if report.ok else 1
