@@ -126,6 +126,10 @@ class StorageConfig:
     data_dir: str = _f("", "Folder (or gs:// URL) holding the TFRecord shards and manifest.json.")
     output_dir: str = _f("", "Folder (or gs:// URL) this step writes to.")
     keep_checkpoint_max: int = _f(5, "Newest checkpoints kept.")
+    transfer_workers: int = _f(8, "Parallel file transfers to and from Cloud Storage.")
+    transfer_retries: int = _f(5, "Retries per file on transient errors (exponential backoff).")
+    resumable_chunk_mb: int = _f(8, "Files at least this large go up in resumable chunks of this many MiB.")
+    mount_drive: bool = _f(False, "On Colab, mount Google Drive when a path is under /content/drive.")
 
 
 SECTIONS: dict[str, type] = {
@@ -248,6 +252,9 @@ class Config:
         )
         _require(v.vocab_sample_lines >= 100, "vocab_sample_lines", v.vocab_sample_lines, "use at least 100")
         _require(s.keep_checkpoint_max >= 1, "keep_checkpoint_max", s.keep_checkpoint_max, "keep at least 1")
+        _require(s.transfer_workers >= 1, "transfer_workers", s.transfer_workers, "use at least 1")
+        _require(s.transfer_retries >= 0, "transfer_retries", s.transfer_retries, "use 0 or more")
+        _require(s.resumable_chunk_mb >= 1, "resumable_chunk_mb", s.resumable_chunk_mb, "use at least 1")
         t = self.train
         _require(t.train_batch_size >= 1, "train_batch_size", t.train_batch_size, "use at least 1")
         _require(t.learning_rate > 0, "learning_rate", t.learning_rate, "use a positive value, e.g. 1e-4")
