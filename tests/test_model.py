@@ -4,9 +4,12 @@ import os
 
 import numpy as np
 import pytest
+
+# isort: off
+import tpu_pretrain  # noqa: F401  (selects Keras 2; must come before tensorflow)
 import tensorflow as tf
 
-import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
+# isort: on
 from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.model import (
     BertConfig,
