@@ -66,7 +66,7 @@ def is_transient(exc: BaseException) -> bool:
                   | ConnectionError | TimeoutError | auth_exc.TransportError):
         return True
     if isinstance(exc, api.TooManyRequests | api.InternalServerError | api.BadGateway
-                  | api.ServiceUnavailable | api.GatewayTimeout | api.RequestTimeout):
+                  | api.ServiceUnavailable | api.GatewayTimeout):
         return True
     code = _status_code(exc)
     return code in (408, 429) or (code is not None and code >= 500)
