@@ -143,9 +143,20 @@ class TextNormalizer:
 def strip_accents(text: str) -> str:
     """Drop combining marks after canonical decomposition, as BERT's uncased models do."""
     decomposed = unicodedata.normalize("NFD", text)
-    if decomposed == text and text.isascii():
-        return text
-    return "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn")
+    if decomposed.isascii():
+        return decomposed
+    return decomposed.translate(_combining_marks())
+
+
+_COMBINING: dict[int, None] | None = None
+
+
+def _combining_marks() -> dict[int, None]:
+    """A str.translate table deleting every non-spacing mark (category Mn); built once."""
+    global _COMBINING
+    if _COMBINING is None:
+        _COMBINING = {cp: None for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) == "Mn"}
+    return _COMBINING
 
 
 _PUNCT_TABLE: dict[int, None] | None = None

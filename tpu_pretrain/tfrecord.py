@@ -8,6 +8,7 @@ gives), and framed as TFRecords (length, masked CRC32C, data, masked CRC32C).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -71,39 +72,37 @@ def _packed_varints(values: np.ndarray) -> list[bytes]:
     return [flat[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
-def _entry_prefix(name: str) -> tuple[bytes, bytes]:
+@functools.lru_cache(maxsize=4096)
+def _entry_head(name: str, payload_length: int) -> bytes:
+    """Everything of one ``map<string, Feature>`` entry that precedes its packed values.
+
+    The entry is: key, then Feature{Int64List|FloatList{packed values}}. Only the payload length
+    varies between examples, so the head is cached per (feature, length).
+    """
     key = name.encode()
-    return b"\x0a" + _len_prefix(len(key)) + key, b"\x12"
-
-
-_KEY_PREFIX = {name: _entry_prefix(name) for name in FEATURE_NAMES}
-
-
-def _feature_entry(name: str, list_tag: bytes, payload: bytes) -> bytes:
-    """One ``map<string, Feature>`` entry: key, then Feature{Int64List|FloatList{packed values}}."""
-    value_list = b"\x0a" + _len_prefix(len(payload)) + payload
-    feature = list_tag + _len_prefix(len(value_list)) + value_list
-    key_part, value_tag = _KEY_PREFIX[name]
-    entry = key_part + value_tag + _len_prefix(len(feature)) + feature
-    return b"\x0a" + _len_prefix(len(entry)) + entry
+    list_tag = b"\x12" if name in FLOAT_FEATURES else b"\x1a"
+    value_list_head = b"\x0a" + _len_prefix(payload_length)
+    feature_length = len(value_list_head) + payload_length
+    feature_head = list_tag + _len_prefix(feature_length) + value_list_head
+    body_head = b"\x0a" + _len_prefix(len(key)) + key + b"\x12" + _len_prefix(len(feature_head) + payload_length) \
+        + feature_head
+    return b"\x0a" + _len_prefix(len(body_head) + payload_length) + body_head
 
 
 def encode_examples(batch: dict[str, np.ndarray]) -> list[bytes]:
     """Serialised ``tf.train.Example``s for a batch of equally shaped feature arrays."""
     n = len(batch["input_ids"])
-    columns: dict[str, list[bytes]] = {}
-    for name in INT_FEATURES:
-        columns[name] = _packed_varints(np.asarray(batch[name]).reshape(n, -1))
-    weights = np.ascontiguousarray(np.asarray(batch["masked_lm_weights"], dtype="<f4").reshape(n, -1))
-    raw = weights.tobytes()
-    width = weights.shape[1] * 4
-    columns["masked_lm_weights"] = [raw[i * width:(i + 1) * width] for i in range(n)]
+    columns: list[list[bytes]] = []
+    for name in FEATURE_NAMES:
+        if name in FLOAT_FEATURES:
+            values = np.ascontiguousarray(np.asarray(batch[name], dtype="<f4").reshape(n, -1))
+            raw, width = values.tobytes(), values.shape[1] * 4
+            columns.append([raw[i * width:(i + 1) * width] for i in range(n)])
+        else:
+            columns.append(_packed_varints(np.asarray(batch[name]).reshape(n, -1)))
     examples = []
-    for i in range(n):
-        features = b"".join(
-            _feature_entry(name, b"\x12" if name in FLOAT_FEATURES else b"\x1a", columns[name][i])
-            for name in FEATURE_NAMES
-        )
+    for payloads in zip(*columns, strict=True):
+        features = b"".join([_entry_head(name, len(p)) + p for name, p in zip(FEATURE_NAMES, payloads, strict=True)])
         examples.append(b"\x0a" + _len_prefix(len(features)) + features)
     return examples
 

@@ -43,7 +43,7 @@ def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
     if not tokens:
         raise UserInputError(f"Vocab file '{path}' is empty.")
     for number, token in enumerate(tokens, 1):
-        if not token.strip() or any(ch.isspace() for ch in token):
+        if len(token.split()) != 1 or token.strip() != token:
             raise UserInputError(
                 f"Vocab file '{path}' line {number} is {token!r}: a WordPiece vocab has one token per line, "
                 "no blanks or spaces. Is this a SentencePiece .vocab file? Build a vocab with `tpu-pretrain vocab`."
