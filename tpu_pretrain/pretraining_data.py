@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 WORK_DIR = ".work"
 FORMAT = "tpu_pretrain.pretraining_data/1"
-BLOCK_CHARS = 8 << 20  # documents tokenised and paired at a time (and the random-next pool)
+BLOCK_CHARS = 2 << 20  # characters of documents tokenised and paired at a time (and the random-next pool)
 SHARD_TARGET_BYTES = 16 << 20
 BATCH = 1024
 
