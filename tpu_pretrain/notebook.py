@@ -1,0 +1,122 @@
+"""Helpers the notebooks call, so that no logic lives in a notebook cell.
+
+Runtime detection (Colab, Kaggle, plain Jupyter), a parameter panel that gives Kaggle and Jupyter
+users the same choices as Colab's ``#@param`` forms, and readable views of what a step produced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def runtime() -> str:
+    """``"colab"``, ``"kaggle"`` or ``"local"`` (any other Jupyter or a script)."""
+    if "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ or Path("/content/sample_data").is_dir():
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or Path("/kaggle/working").is_dir():
+        return "kaggle"
+    return "local"
+
+
+def describe_runtime() -> str:
+    """One paragraph: where we run, which accelerator is visible, cores, memory and free disk."""
+    import psutil
+
+    from .accelerator import tpu_vm_present
+
+    gpus = _nvidia_gpus()
+    accelerator = "TPU VM" if tpu_vm_present() else (f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus else "CPU only")
+    disk = shutil.disk_usage(os.getcwd())
+    return (f"runtime: {runtime()}; accelerator: {accelerator}; {os.cpu_count()} CPU cores; "
+            f"{psutil.virtual_memory().total / 2**30:.1f} GiB memory; {disk.free / 2**30:.1f} GiB free disk in "
+            f"{os.getcwd()}")
+
+
+def _nvidia_gpus() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    import subprocess
+
+    result = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                            text=True)
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()] if result.returncode == 0 else []
+
+
+class ParameterPanel:
+    """The notebook's parameters as attributes; outside Colab also as editable ipywidgets controls.
+
+    Colab renders ``#@param`` comments as a form; Kaggle and Jupyter do not. There the panel shows one
+    control per parameter, and reading ``panel.name`` later returns what the user set.
+    """
+
+    def __init__(self, values: Mapping[str, Any], show: bool | None = None):
+        self._values = dict(values)
+        self._widgets: dict[str, Any] = {}
+        if show is None:
+            show = runtime() != "colab"
+        if show:
+            self._display()
+
+    def _display(self) -> None:
+        try:
+            import ipywidgets as widgets
+            from IPython.display import display
+        except ImportError:  # pragma: no cover - ipywidgets is a dependency
+            return
+        for name, value in self._values.items():
+            if isinstance(value, bool):
+                widget = widgets.Checkbox(value=value, description=name)
+            elif isinstance(value, int):
+                widget = widgets.IntText(value=value, description=name)
+            elif isinstance(value, float):
+                widget = widgets.FloatText(value=value, description=name)
+            else:
+                widget = widgets.Text(value=str(value), description=name)
+            widget.style = {"description_width": "initial"}
+            self._widgets[name] = widget
+        display(widgets.VBox(list(self._widgets.values())))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._widgets:
+            return self._widgets[name].value
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no parameter named {name!r}") from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._values}
+
+
+def show_instances(data_dir: str | os.PathLike, count: int = 3, split: str = "train") -> str:
+    """A few pretraining instances decoded to text: masked tokens as [MASK]->answer, segments and NSP label."""
+    import tensorflow as tf
+
+    from .pretraining_data import load_manifest
+    from .tfrecord import feature_spec, read_records
+    from .tokenization import load_tokenizer
+
+    data_dir = Path(data_dir)
+    manifest = load_manifest(data_dir)
+    tokenizer = load_tokenizer(str(data_dir / "vocab.txt"), do_lower_case=manifest.settings["do_lower_case"])
+    spec = feature_spec(manifest.settings["max_seq_length"], manifest.settings["max_predictions_per_seq"])
+    shown = []
+    for record in read_records(data_dir / manifest.files(split)[0]):
+        example = {k: v.numpy() for k, v in tf.io.parse_single_example(record, spec).items()}
+        length = int(example["input_mask"].sum())
+        tokens = tokenizer.convert_ids_to_tokens(example["input_ids"][:length])
+        for position, answer, weight in zip(example["masked_lm_positions"], example["masked_lm_ids"],
+                                            example["masked_lm_weights"], strict=True):
+            if weight > 0:
+                tokens[position] = f"{tokens[position]}->{tokenizer.inv_vocab[answer]}"
+        label = "random next" if example["next_sentence_labels"][0] else "actual next"
+        shown.append(f"[{label}] " + " ".join(tokens))
+        if len(shown) == count:
+            break
+    return "\n\n".join(shown)
