@@ -22,7 +22,7 @@ def synthetic_instances(n: int, seq_len: int, max_pred: int, vocab_size: int, se
     for _ in range(n):
         length = int(rng.integers(seq_len // 2, seq_len + 1))
         start = int(rng.integers(5, vocab_size))
-        body = [5 + (start + i - 5) % (vocab_size - 5) for i in range(length - 3)]
+        body = [5 + (start + i) % min(vocab_size - 5, 20) for i in range(length - 3)]
         cut = len(body) // 2
         ids = [2] + body[:cut] + [3] + body[cut:] + [3]
         segments = [0] * (cut + 2) + [1] * (len(body) - cut + 1)

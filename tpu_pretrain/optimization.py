@@ -8,6 +8,8 @@ batch), so that k micro-batches give exactly the gradient of one batch k times t
 
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
 keras = tf.keras
@@ -64,6 +66,8 @@ class Lamb(keras.optimizers.Optimizer):
         self._v = [self.add_variable_from_reference(v, "v") for v in var_list]
 
     def update_step(self, gradient, variable):
+        if isinstance(gradient, tf.IndexedSlices):  # embedding lookups; the trust ratio needs it dense
+            gradient = tf.convert_to_tensor(gradient)
         lr = tf.cast(self.learning_rate, variable.dtype)
         step = tf.cast(self.iterations + 1, variable.dtype)
         index = self._index_dict[self._var_key(variable)]
@@ -112,5 +116,9 @@ def create_optimizer(*, optimizer: str = "adamw", learning_rate: float, num_trai
                    weight_decay_rate=weight_decay_rate, jit_compile=jit_compile, **clip)
     else:
         raise ValueError(f"optimizer must be adamw or lamb, not {optimizer!r}")
-    opt.exclude_from_weight_decay(var_list=no_decay_variables(variables))
+    excluded = no_decay_variables(variables)
+    # By identity and by name: under a distribution strategy the update sees per-replica components
+    # (``name/replica_1:0``) whose identity differs from the mirrored variable's.
+    names = [r"^" + re.escape(v.name.split(":")[0]) + r"(/replica_\d+)?:\d+$" for v in excluded]
+    opt.exclude_from_weight_decay(var_list=excluded, var_names=names)
     return opt

@@ -231,6 +231,9 @@ class Trainer:
                 g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples)
                 grads = [a + b for a, b in zip(grads, g, strict=True)]
                 stats = {key: stats[key] + s[key] for key in STAT_KEYS}
+        # Dense gradients: the embedding lookup's IndexedSlices repeat indices, and Keras's global-norm
+        # clipping would count each repeat separately (a wrong norm) before it merges them.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         if self.accelerator.precision == "float16":
             grads = self.optimizer.get_unscaled_gradients(grads)
         self.optimizer.apply_gradients(zip(grads, variables, strict=True))
