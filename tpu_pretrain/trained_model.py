@@ -1,0 +1,206 @@
+"""Find a run's newest weights and rebuild its model, for evaluation and export.
+
+Evaluation and export both start from "the model of this run" (or of a released checkpoint), so the
+lookup of weights lives here, in one function (:func:`latest_weights`) that the checkpoint manager
+can take over, and the rebuild uses the run's own ``config.json`` and ``bert_config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+
+from .config import Config
+from .errors import UserInputError
+from .model import (
+    BertConfig,
+    PretrainingModel,
+    _tf_checkpoint_prefix,
+    build_pretraining_model,
+    checkpoint_bert_config,
+    load_init_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+@dataclass
+class TrainedModel:
+    """A rebuilt model with what is needed to use it: its vocab, casing and where its weights came from."""
+
+    pretraining: PretrainingModel
+    vocab_file: str
+    do_lower_case: bool
+    weights: str
+    step: int | None = None
+    run_dir: str | None = None
+    config: Config | None = None
+    untrained: list[str] = field(default_factory=list)  # Google names the weights' source lacked (random)
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.pretraining.model.inputs[0].shape[1])
+
+    @property
+    def max_predictions_per_seq(self) -> int:
+        return int(self.pretraining.model.inputs[2].shape[1])
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """A training run folder: our config.json (sections) next to bert_config.json."""
+    p = Path(path)
+    if not (p / "config.json").is_file() or not (p / "bert_config.json").is_file():
+        return False
+    try:
+        return "storage" in json.loads((p / "config.json").read_text())
+    except json.JSONDecodeError:
+        return False
+
+
+def latest_weights(run_dir: str | os.PathLike) -> str | None:
+    """The newest complete weights of a run as a TF checkpoint prefix, or None.
+
+    Today training writes ``final_model/weights`` at the end and (once the checkpoint manager lands)
+    ``checkpoints/``; the newer of the two wins. This is the one place that knows the layout.
+    """
+    run = Path(run_dir)
+    found = []
+    final = run / "final_model" / "weights"
+    if Path(str(final) + ".index").is_file():
+        found.append(str(final))
+    if (run / "checkpoints").is_dir():
+        latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+        if latest and Path(latest + ".index").is_file():
+            found.append(latest)
+    if not found:
+        return None
+    return max(found, key=lambda prefix: os.path.getmtime(prefix + ".index"))
+
+
+def weights_step(run_dir: str | os.PathLike, prefix: str) -> int | None:
+    """The training step of a weights prefix: ``ckpt-N`` names it, train_summary.json names the final one."""
+    match = re.search(r"ckpt-(\d+)$", prefix)
+    if match:
+        return int(match.group(1))
+    summary = Path(run_dir) / "train_summary.json"
+    if Path(prefix).parent.name == "final_model" and summary.is_file():
+        return json.loads(summary.read_text()).get("steps")
+    return None
+
+
+def run_vocab_file(run_dir: str | os.PathLike, config: Config) -> str:
+    """The vocab a run trained with: the run's copy, else the configured file, else the data's."""
+    candidates = [Path(run_dir) / "vocab.txt"]
+    if config.data.vocab_file:
+        candidates.append(Path(config.data.vocab_file))
+    if config.storage.data_dir:
+        candidates.append(Path(config.storage.data_dir) / "vocab.txt")
+    for path in candidates:
+        if path.is_file():
+            return str(path)
+    raise UserInputError(f"No vocab.txt for run {run_dir}: looked at {', '.join(map(str, candidates))}.")
+
+
+def _check_local(path: str | os.PathLike) -> None:
+    if "://" in str(path):
+        raise UserInputError(f"{path} is remote: download it first (`tpu-pretrain download {path} LOCAL_DIR`).")
+
+
+def restore_weights(pretraining: PretrainingModel, weights: str) -> tuple[str, list[str]]:
+    """Load weights into a built model: a run checkpoint (object-based) or Google/Hugging Face weights.
+
+    Returns where they came from and the Google names of model weights the source lacked (left random).
+    """
+    p = Path(weights)
+    is_hf = p.is_dir() and any((p / n).is_file() for n in ("model.safetensors", "pytorch_model.bin"))
+    prefix = None if is_hf else _tf_checkpoint_prefix(p)
+    if prefix is not None and OBJECT_GRAPH_KEY in tf.train.load_checkpoint(prefix).get_variable_to_shape_map():
+        status = tf.train.Checkpoint(model=pretraining.model).read(prefix)
+        status.assert_existing_objects_matched()
+        status.expect_partial()  # a full training checkpoint also holds optimizer state and data position
+        return prefix, []
+    report = load_init_checkpoint(pretraining, weights)
+    if report.missing:
+        log.warning("%s lacks %d weights (%s...): they are random.", weights, len(report.missing),
+                    ", ".join(report.missing[:3]))
+    return prefix or str(weights), report.missing
+
+
+def _build_float32(config: BertConfig, max_seq_length: int, max_predictions: int, with_nsp: bool):
+    """Build in float32 whatever global mixed-precision policy training left behind."""
+    policy = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("float32")
+    try:
+        return build_pretraining_model(config, max_seq_length, max_predictions, with_nsp)
+    finally:
+        tf.keras.mixed_precision.set_global_policy(policy)
+
+
+def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None, *,
+                       max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
+                       do_lower_case: bool | None = None) -> TrainedModel:
+    """Rebuild the model of a run folder (newest or chosen weights), or of a Google/HF checkpoint."""
+    _check_local(source)
+    if checkpoint:
+        _check_local(checkpoint)
+    source = str(source)
+    if is_run_dir(source):
+        config = Config.from_file(Path(source) / "config.json")
+        bert_config = BertConfig.from_json_file(Path(source) / "bert_config.json")
+        weights = checkpoint or latest_weights(source)
+        if not weights:
+            raise UserInputError(f"Run {source} has no trained weights yet (final_model/ or checkpoints/); "
+                                 "train first or pass --checkpoint.")
+        pretraining = _build_float32(bert_config, max_seq_length or config.data.max_seq_length,
+                                     max_predictions_per_seq or config.data.max_predictions_per_seq,
+                                     not config.data.no_nsp)
+        weights, untrained = restore_weights(pretraining, weights)
+        lower = config.data.do_lower_case if do_lower_case is None else do_lower_case
+        return TrainedModel(pretraining, run_vocab_file(source, config), lower, weights,
+                            weights_step(source, weights), source, config, untrained)
+    bert_config = checkpoint_bert_config(checkpoint or source)
+    if bert_config is None:
+        raise UserInputError(f"{source} is neither a run folder (config.json + bert_config.json) nor a checkpoint "
+                             "with its bert_config.json/config.json beside it.")
+    folder = Path(checkpoint or source)
+    folder = folder if folder.is_dir() else folder.parent
+    vocab = folder / "vocab.txt"
+    if not vocab.is_file():
+        raise UserInputError(f"No vocab.txt next to {checkpoint or source}.")
+    with_nsp = _has_pooler(Path(checkpoint or source))  # the pooler lives in our NSP branch
+    seq = max_seq_length or min(128, bert_config.max_position_embeddings)
+    pretraining = _build_float32(bert_config, seq, max_predictions_per_seq or 20, with_nsp)
+    weights, untrained = restore_weights(pretraining, str(checkpoint or source))
+    lower = _checkpoint_lower_case(folder) if do_lower_case is None else do_lower_case
+    return TrainedModel(pretraining, str(vocab), lower, weights, untrained=untrained)
+
+
+def _has_pooler(path: Path) -> bool:
+    """Whether released weights hold a pooler (and so possibly NSP): read from the names, not the arrays."""
+    if path.is_dir() and (path / "model.safetensors").is_file():
+        with open(path / "model.safetensors", "rb") as handle:
+            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+        return any("pooler.dense" in name or "seq_relationship" in name for name in header)
+    prefix = _tf_checkpoint_prefix(path)
+    if prefix is None:
+        return True  # pytorch_model.bin: BERT checkpoints nearly always carry the pooler
+    names = [name for name, _ in tf.train.list_variables(prefix)]
+    return any(name.startswith(("bert/pooler/", "cls/seq_relationship/")) for name in names)
+
+
+def _checkpoint_lower_case(folder: Path) -> bool:
+    """Casing of a released checkpoint: its tokenizer_config.json, else the name (``cased``), else True."""
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("do_lower_case")
+        if value is not None:
+            return bool(value)
+    return "cased" not in folder.name.lower() or "uncased" in folder.name.lower()
