@@ -70,6 +70,17 @@ def _client():
     return auth.storage_client()
 
 
+def _retry():
+    """The client library's retry for metadata calls, bounded (it defaults to 120 s per call).
+
+    Transfers have their own retries with backoff on top, so a shorter bound here keeps a vanished
+    server from stalling a caller for minutes. ``TPU_PRETRAIN_GCS_RETRY_SECONDS`` sets it (default 30).
+    """
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_timeout(float(os.environ.get("TPU_PRETRAIN_GCS_RETRY_SECONDS", "30")))
+
+
 def _bucket(path: GcsPath):
     return _client().bucket(path.bucket)
 
@@ -79,7 +90,7 @@ def bucket_exists(bucket: str) -> bool:
     from google.api_core import exceptions as api
 
     try:
-        list(_client().list_blobs(bucket, max_results=1))
+        list(_client().list_blobs(bucket, max_results=1, retry=_retry()))
         return True
     except api.NotFound:
         return False
@@ -105,10 +116,12 @@ class GcsBackend:
     def exists(self, url: str) -> bool:
         path = GcsPath.parse(url)
         try:
-            if path.name and not path.name.endswith("/") and _bucket(path).get_blob(path.name) is not None:
+            named = path.name and not path.name.endswith("/")
+            if named and _bucket(path).get_blob(path.name, retry=_retry()) is not None:
                 return True
             prefix = path.name.rstrip("/") + "/" if path.name else ""
-            return any(True for _ in _client().list_blobs(path.bucket, prefix=prefix, max_results=1))
+            blobs = _client().list_blobs(path.bucket, prefix=prefix, max_results=1, retry=_retry())
+            return any(True for _ in blobs)
         except Exception as exc:
             raise _explain(exc, path, "check whether it exists") from None
 
@@ -116,7 +129,7 @@ class GcsBackend:
         path = GcsPath.parse(url)
         if path.name and not path.name.endswith("/"):
             try:
-                if _bucket(path).get_blob(path.name) is not None:
+                if _bucket(path).get_blob(path.name, retry=_retry()) is not None:
                     return False
             except Exception as exc:
                 raise _explain(exc, path, "look it up") from None
@@ -127,13 +140,13 @@ class GcsBackend:
         path = GcsPath.parse(url)
         try:
             if path.name and not path.name.endswith("/"):
-                blob = _bucket(path).get_blob(path.name)
+                blob = _bucket(path).get_blob(path.name, retry=_retry())
                 if blob is not None:
                     return [_info(blob, path.name.rsplit("/", 1)[-1])]
             prefix = path.name.rstrip("/") + "/" if path.name else ""
             found = [
                 _info(blob, blob.name[len(prefix):])
-                for blob in _client().list_blobs(path.bucket, prefix=prefix)
+                for blob in _client().list_blobs(path.bucket, prefix=prefix, retry=_retry())
                 if not blob.name.endswith("/")  # folder placeholders made by the web console
             ]
         except Exception as exc:
@@ -143,7 +156,7 @@ class GcsBackend:
     def read_bytes(self, url: str) -> bytes:
         path = GcsPath.parse(url)
         try:
-            blob = _bucket(path).get_blob(path.name)
+            blob = _bucket(path).get_blob(path.name, retry=_retry())
             if blob is None:
                 raise _not_found(path, "read it")
             data = blob.download_as_bytes(raw_download=True, checksum=None)
@@ -172,18 +185,18 @@ class GcsBackend:
         path = GcsPath.parse(url)
         try:
             if path.name and not path.name.endswith("/"):
-                blob = _bucket(path).get_blob(path.name)
+                blob = _bucket(path).get_blob(path.name, retry=_retry())
                 if blob is not None:
-                    blob.delete()
+                    blob.delete(retry=_retry())
                     return
             if not recursive:
                 raise _not_found(path, "delete it")
             prefix = path.name.rstrip("/") + "/" if path.name else ""
-            blobs = list(_client().list_blobs(path.bucket, prefix=prefix))
+            blobs = list(_client().list_blobs(path.bucket, prefix=prefix, retry=_retry()))
             if not blobs:
                 raise _not_found(path, "delete it")
             for blob in blobs:
-                blob.delete()
+                blob.delete(retry=_retry())
         except StorageError:
             raise
         except Exception as exc:
