@@ -204,3 +204,60 @@ def _storage_check(config: Config, args: argparse.Namespace) -> int:
     report = check_storage(args.url, data_url=s.data_dir or None, run_url=s.output_dir or None)
     print(report.text())
     return 0 if report.ok else 1
+
+
+# -- evaluate and export ---------------------------------------------------------------------------------
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="Run folder (train's output_dir); export also takes a Hugging "
+                        "Face folder or a Google checkpoint, to convert it.")
+    parser.add_argument("--checkpoint", help="Weights to use: a checkpoint prefix or folder, or a Hugging Face "
+                        "folder (default: the run's newest).")
+
+
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    _source_arguments(parser)
+    parser.add_argument("--sentence", action="append", default=[], metavar="TEXT",
+                        help="A sentence with [MASK] slots to fill (repeatable). [MASK][MASK] without a space asks "
+                        "for one word of two WordPieces; a [SEP] starts a second segment.")
+    parser.add_argument("--top_k", type=int, default=5, help="Candidates shown per [MASK] slot (default: 5).")
+    parser.add_argument("--all", action="store_true", help="Read every eval record (ignore max_eval_steps).")
+    parser.add_argument("--output", help="Results JSON (default: RUN/evaluation.json).")
+
+
+@command("evaluate", "Held-out MLM loss/accuracy/perplexity and NSP accuracy of a run's newest (or chosen) "
+         "weights, fill-mask predictions, curves PNG; results in RUN/evaluation.json.",
+         ("data_dir", "max_eval_steps", "eval_batch_size"), arguments=_evaluate_arguments)
+def _evaluate(config: Config, args: argparse.Namespace) -> int:
+    from .evaluation import evaluate
+    from .plots import plot_run
+
+    result = evaluate(args.run, args.checkpoint, sentences=args.sentence, top_k=args.top_k,
+                      data_dir=args.data_dir, max_eval_steps=0 if args.all else args.max_eval_steps,
+                      eval_batch_size=args.eval_batch_size, output=args.output)
+    print(result.summary())
+    try:
+        print(f"  curves: {plot_run(args.run)}")
+    except UserInputError as exc:
+        print(f"  curves: skipped ({exc})")
+    return 0
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    _source_arguments(parser)  # the choices repeat export.FORMATS/HEADS: importing export would load TensorFlow
+    parser.add_argument("--format", choices=("hf", "tf"), default="hf",
+                        help="hf: Hugging Face folder (config.json, model.safetensors, tokenizer files); tf: "
+                        "Google's bert_model.ckpt + bert_config.json + vocab.txt (default: hf).")
+    parser.add_argument("--output", help="Destination folder (default: RUN/export/FORMAT).")
+    parser.add_argument("--heads", choices=("all", "mlm", "encoder"), default="all",
+                        help="hf only: all (BertForPreTraining), mlm (BertForMaskedLM) or encoder (BertModel): "
+                        "the class that then loads without missing or unused weights (default: all).")
+
+
+@command("export", "Export a run's model as a Hugging Face folder or a Google TF checkpoint (or convert a "
+         "checkpoint between the two).", (), arguments=_export_arguments)
+def _export(config: Config, args: argparse.Namespace) -> int:
+    from .export import export
+
+    path = export(args.run, args.format, args.output, checkpoint=args.checkpoint, heads=args.heads)
+    print(f"Exported ({args.format}) to {path}")
+    return 0

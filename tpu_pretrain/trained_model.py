@@ -65,35 +65,22 @@ def is_run_dir(path: str | os.PathLike) -> bool:
         return False
 
 
-def latest_weights(run_dir: str | os.PathLike) -> str | None:
-    """The newest complete weights of a run as a TF checkpoint prefix, or None.
+def latest_weights(run_dir: str | os.PathLike, step: int | None = None) -> tuple[str, int] | None:
+    """The newest whole checkpoint of a run (or the one at ``step``): (TF prefix, step), or None.
 
-    Today training writes ``final_model/weights`` at the end and (once the checkpoint manager lands)
-    ``checkpoints/``; the newer of the two wins. This is the one place that knows the layout.
+    The one place that knows where a run keeps its weights (the checkpoint manager's ``checkpoints/``).
     """
-    run = Path(run_dir)
-    found = []
-    final = run / "final_model" / "weights"
-    if Path(str(final) + ".index").is_file():
-        found.append(str(final))
-    if (run / "checkpoints").is_dir():
-        latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
-        if latest and Path(latest + ".index").is_file():
-            found.append(latest)
-    if not found:
+    from .checkpoints import CheckpointError, find_checkpoint
+
+    if not (Path(run_dir) / "checkpoints").is_dir():
         return None
-    return max(found, key=lambda prefix: os.path.getmtime(prefix + ".index"))
-
-
-def weights_step(run_dir: str | os.PathLike, prefix: str) -> int | None:
-    """The training step of a weights prefix: ``ckpt-N`` names it, train_summary.json names the final one."""
-    match = re.search(r"ckpt-(\d+)$", prefix)
-    if match:
-        return int(match.group(1))
-    summary = Path(run_dir) / "train_summary.json"
-    if Path(prefix).parent.name == "final_model" and summary.is_file():
-        return json.loads(summary.read_text()).get("steps")
-    return None
+    try:
+        info = find_checkpoint(run_dir, step)
+    except CheckpointError:
+        if step is not None:
+            raise
+        return None
+    return info.tf_prefix, info.step
 
 
 def run_vocab_file(run_dir: str | os.PathLike, config: Config) -> str:
@@ -155,17 +142,25 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
     if is_run_dir(source):
         config = Config.from_file(Path(source) / "config.json")
         bert_config = BertConfig.from_json_file(Path(source) / "bert_config.json")
-        weights = checkpoint or latest_weights(source)
+        step = None
+        if checkpoint and str(checkpoint).isdigit():  # a step number: that checkpoint of the run
+            weights, step = latest_weights(source, int(checkpoint)) or (None, None)
+        elif checkpoint:
+            weights = checkpoint
+            match = re.search(r"ckpt-(\d+)", str(checkpoint))
+            step = int(match.group(1)) if match else None
+        else:
+            weights, step = latest_weights(source) or (None, None)
         if not weights:
-            raise UserInputError(f"Run {source} has no trained weights yet (final_model/ or checkpoints/); "
-                                 "train first or pass --checkpoint.")
+            raise UserInputError(f"Run {source} has no whole checkpoint yet (checkpoints/): train first or pass "
+                                 "--checkpoint.")
         pretraining = _build_float32(bert_config, max_seq_length or config.data.max_seq_length,
                                      max_predictions_per_seq or config.data.max_predictions_per_seq,
                                      not config.data.no_nsp)
         weights, untrained = restore_weights(pretraining, weights)
         lower = config.data.do_lower_case if do_lower_case is None else do_lower_case
         return TrainedModel(pretraining, run_vocab_file(source, config), lower, weights,
-                            weights_step(source, weights), source, config, untrained)
+                            step, source, config, untrained)
     bert_config = checkpoint_bert_config(checkpoint or source)
     if bert_config is None:
         raise UserInputError(f"{source} is neither a run folder (config.json + bert_config.json) nor a checkpoint "
