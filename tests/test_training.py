@@ -52,6 +52,23 @@ def test_input_pipeline_static_int32_deterministic(data_dir):
     assert len(evals) == 6  # 64 records, drop_remainder
 
 
+def test_training_order_is_a_pure_function_of_seed_and_position(data_dir):
+    info = read_data_info(data_dir)
+    kwargs = dict(batch_size=24, max_seq_length=T, max_predictions_per_seq=P, training=True, seed=7,
+                  shuffle_buffer_size=50, records_per_epoch=info.train_instances)
+    full = np.concatenate([b["example_id"].numpy() for b in make_dataset(info.train_files, **kwargs).take(25)])
+    epoch0 = full[:256]
+    assert len(set(epoch0.tolist())) == 256 and (epoch0 >> 48 == 0).all()  # each record once per epoch
+    epoch1 = full[256:512]
+    assert (epoch1 >> 48 == 1).all() and (full[512:] >> 48 == 2).all()
+    same_records = sorted((epoch1 & 0xFFFFFFFFFFFF).tolist()) == sorted(epoch0.tolist())
+    assert same_records and (epoch1 & 0xFFFFFFFFFFFF).tolist() != epoch0.tolist()  # reshuffled each epoch
+    for resume_step in (3, 10, 11):  # 11 * 24 = 264: past the epoch boundary
+        resumed = make_dataset(info.train_files, start_record=resume_step * 24, **kwargs).take(25 - resume_step)
+        again = np.concatenate([b["example_id"].numpy() for b in resumed])
+        np.testing.assert_array_equal(again, full[resume_step * 24:])
+
+
 def test_dynamic_masking_remasks_real_tokens_only(data_dir):
     info = read_data_info(data_dir)
     batch = next(iter(make_dataset(info.train_files, batch_size=16, max_seq_length=T, max_predictions_per_seq=P,
@@ -128,7 +145,7 @@ def test_one_vs_two_replicas_and_gradient_accumulation(data_dir, tmp_path, optim
     assert lines, proc.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT"):])
     (one, w_one), (two, w_two), (acc_, w_acc) = result["one"], result["two"], result["accumulated"]
-    assert one[-1] < one[0]  # it trains
+    assert len(set(one)) == 6  # the weights move (learning itself is checked on real text below)
     # float32 sums in another order only; BERT's AdamW settings (epsilon 1e-6, clipping at 1.0)
     np.testing.assert_allclose(two, one, rtol=1e-5)
     np.testing.assert_allclose(acc_, one, rtol=1e-5)
@@ -150,7 +167,8 @@ def test_train_cli_writes_run_folder_and_learns(data_dir, tmp_path):
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["steps"] == 40 and summary["final_eval"]["mlm_loss"] < summary["initial_eval"]["mlm_loss"]
     assert os.listdir(run / "logs" / "train") and os.listdir(run / "logs" / "eval")
-    assert (run / "final_model" / "weights.index").is_file()
+    assert (run / "checkpoints" / "ckpt-000000040" / "checkpoint.json").is_file()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "ckpt-000000040"
 
 
 def test_batch_must_divide_and_model_must_be_named(data_dir, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -35,7 +36,8 @@ TRAIN_FLAGS = ("data_dir", "output_dir", "vocab_file", "max_seq_length", "max_pr
                "adam_epsilon", "lr_decay_power", "end_learning_rate", "clip_norm", "gradient_accumulation_steps",
                "steps_per_execution", "eval_batch_size", "max_eval_steps", "eval_every_steps", "log_every_steps",
                "dynamic_masking", "shuffle_buffer_size", "train_seed", "accelerator", "tpu_name",
-               "mixed_precision", "jit_compile", "keep_checkpoint_max")
+               "mixed_precision", "jit_compile", "keep_checkpoint_max", "mirror_dir", "session_hours",
+               "session_margin_minutes", "log_example_ids")
 
 _COMMANDS: dict[str, tuple[str, Sequence[str], Callable[[Config, argparse.Namespace], int]]] = {}
 # Extra (e.g. positional) arguments of a subcommand, added by a callback on its parser.
@@ -78,7 +80,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, names: Sequence[str]) 
 
 def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-    return Config.load(getattr(args, "config", None), **overrides)
+    base = getattr(args, "config", None)
+    saved = os.path.join(overrides.get("output_dir", ""), "config.json")
+    if base is None and getattr(args, "command", None) == "train" and os.path.isfile(saved):
+        base = saved  # an existing run folder continues with its settings; flags override the safe ones
+    return Config.load(base, **overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +148,22 @@ def _train(config: Config, args: argparse.Namespace) -> int:
 
     result = train(config)
     print(result.summary())
+    if result.stopped_reason:
+        print(f"Stopped early ({result.stopped_reason}); run `tpu-pretrain train --output_dir "
+              f"{config.storage.output_dir}` to continue.")
+    return 0
+
+
+def _run_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="The run folder (output_dir of train).")
+
+
+@command("status", "Where a run stands: step, newest checkpoint and mirror, time trained, time left.", (),
+         arguments=_run_argument)
+def _status(config: Config, args: argparse.Namespace) -> int:
+    from .run_folder import run_status
+
+    print(run_status(args.run))
     return 0
 
 

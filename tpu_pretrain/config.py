@@ -117,6 +117,10 @@ class TrainConfig:
                               "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"))
     jit_compile: str = _f("auto", "XLA-compile the training step: auto (TPU/GPU), on or off.",
                           choices=("auto", "on", "off"))
+    session_hours: float = _f(0.0, "Session length: 0 = the platform's (Colab 12 h, Kaggle 9 h, else none), "
+                              "-1 = none; training saves and stops cleanly before it ends.")
+    session_margin_minutes: float = _f(10.0, "Stop this long before the session ends (time for the last save).")
+    log_example_ids: bool = _f(False, "Append the ids of the examples each step used to logs/example_ids.jsonl.")
 
 
 @dataclass
@@ -126,6 +130,7 @@ class StorageConfig:
     data_dir: str = _f("", "Folder (or gs:// URL) holding the TFRecord shards and manifest.json.")
     output_dir: str = _f("", "Folder (or gs:// URL) this step writes to.")
     keep_checkpoint_max: int = _f(5, "Newest checkpoints kept.")
+    mirror_dir: str = _f("", "Drive folder or gs:// URL where the run's checkpoints are mirrored in the background.")
     transfer_workers: int = _f(8, "Parallel file transfers to and from Cloud Storage.")
     transfer_retries: int = _f(5, "Retries per file on transient errors (exponential backoff).")
     resumable_chunk_mb: int = _f(8, "Files at least this large go up in resumable chunks of this many MiB.")

@@ -167,36 +167,96 @@ def dynamic_mask(features: dict, seed, spec: MaskingSpec) -> dict:
     return out
 
 
+EPOCH_SHIFT, FILE_SHIFT = 48, 32  # example id = epoch << 48 | file index << 32 | record index in the file
+
+
+def training_records(files: list[str], *, seed: int, shuffle_buffer_size: int, start_record: int = 0,
+                     records_per_epoch: int | None = None) -> tf.data.Dataset:
+    """``(example_id, serialized record)`` in an order that is a pure function of the seed.
+
+    Epoch ``e`` reads the files in a stateless shuffle of ``(seed, e)`` through a deterministic
+    interleave, then permutes records within windows by stateless shuffles, so any position can be
+    recomputed. Resuming at
+    ``start_record`` (records already consumed, from the checkpointed step) skips whole epochs by
+    arithmetic on the manifest's record count and reads at most one epoch to reach the offset:
+    the resumed run neither repeats nor skips an example.
+    """
+    paths = tf.constant(sorted(files))
+    count = len(files)
+    cycle = min(count, 8)
+
+    def read_file(epoch, file_index):
+        records = tf.data.TFRecordDataset(tf.gather(paths, file_index))
+        base = epoch * (1 << EPOCH_SHIFT) + file_index * (1 << FILE_SHIFT)
+        return records.enumerate().map(lambda i, record: (base + i, record))
+
+    def epoch_records(epoch):
+        order = tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64),
+                                                         seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+        ds = tf.data.Dataset.from_tensor_slices(order).interleave(
+            lambda i: read_file(epoch, i), cycle_length=cycle, block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if shuffle_buffer_size <= 1:
+            return ds
+        # Records are shuffled within windows of shuffle_buffer_size by a stateless permutation keyed by
+        # (seed, epoch, window): unlike a seeded shuffle buffer, every epoch gets its own order.
+        def permute(window_index, window):
+            key = tf.stack([tf.constant(seed, tf.int64), epoch * (1 << 20) + window_index])
+            order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(window[0])[0]), seed=key)
+            return tf.data.Dataset.from_tensor_slices((tf.gather(window[0], order), tf.gather(window[1], order)))
+
+        return ds.batch(shuffle_buffer_size).enumerate().flat_map(lambda i, w: permute(i, w))
+
+    start_epoch, offset = 0, start_record
+    if start_record:
+        per_epoch = records_per_epoch or count_records(files)
+        start_epoch, offset = divmod(start_record, per_epoch)
+    ds = tf.data.Dataset.range(start_epoch, 1 << 15).flat_map(epoch_records)
+    return ds.skip(offset) if offset else ds
+
+
+def count_records(files: list[str]) -> int:
+    """Records in the shards (when no manifest says): one read through the files."""
+    return int(tf.data.TFRecordDataset(sorted(files)).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
 def make_dataset(files: list[str], *, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
                  training: bool, seed: int = 0, shuffle_buffer_size: int = 10_000,
                  masking: MaskingSpec | None = None, max_batches: int | None = None,
-                 input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-    """One input pipeline's batches (``batch_size`` is per replica when distributed)."""
-    ds = tf.data.Dataset.from_tensor_slices(sorted(files))
+                 input_context: tf.distribute.InputContext | None = None, start_record: int = 0,
+                 records_per_epoch: int | None = None) -> tf.data.Dataset:
+    """One input pipeline's batches (``batch_size`` is per replica when distributed).
+
+    Training batches carry ``example_id`` (see :func:`training_records`); ``start_record`` is the
+    number of records the whole run has consumed so far (global, over all input pipelines).
+    """
     pipelines = input_context.num_input_pipelines if input_context else 1
-    shard_files = pipelines > 1 and len(files) >= pipelines
-    if shard_files:
-        ds = ds.shard(pipelines, input_context.input_pipeline_id)
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
     if training:
-        ds = ds.repeat().shuffle(len(files), seed=seed)
-        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = training_records(files, seed=seed, shuffle_buffer_size=shuffle_buffer_size, start_record=start_record,
+                              records_per_epoch=records_per_epoch)
+        if pipelines > 1:  # every pipeline walks the same global order and keeps its share
+            ds = ds.shard(pipelines, pipeline_id)
     else:
-        ds = ds.flat_map(tf.data.TFRecordDataset)
-    if pipelines > 1 and not shard_files:
-        ds = ds.shard(pipelines, input_context.input_pipeline_id)
-    if training and shuffle_buffer_size > 1:
-        ds = ds.shuffle(shuffle_buffer_size, seed=seed)
+        ds = tf.data.Dataset.from_tensor_slices(sorted(files)).flat_map(tf.data.TFRecordDataset)
+        if pipelines > 1:
+            ds = ds.shard(pipelines, pipeline_id)
     ds = ds.batch(batch_size, drop_remainder=True)
     if max_batches:
         ds = ds.take(max_batches)
-    ds = ds.map(lambda s: parse_batch(s, max_seq_length, max_predictions_per_seq),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if masking is not None:
-        pipeline_id = input_context.input_pipeline_id if input_context else 0
-        ds = ds.enumerate().map(
-            lambda i, b: dynamic_mask(b, tf.stack([tf.cast(seed * 1000 + pipeline_id, tf.int64), i]), masking),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if training:
+        def parse(ids, serialized):
+            batch = parse_batch(serialized, max_seq_length, max_predictions_per_seq)
+            batch["example_id"] = ids
+            return batch
+    else:
+        def parse(serialized):
+            return parse_batch(serialized, max_seq_length, max_predictions_per_seq)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if masking is not None and training:
+        # Seeded by the batch's first example id: the same masks after a resume, new ones each epoch.
+        ds = ds.map(lambda b: dynamic_mask(b, tf.stack([tf.constant(seed, tf.int64), b["example_id"][0]]), masking),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

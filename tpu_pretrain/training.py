@@ -20,11 +20,14 @@ from pathlib import Path
 import tensorflow as tf
 
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
+from .checkpoints import CheckpointManager
 from .config import Config
 from .errors import UserInputError
 from .input_pipeline import DataInfo, MaskingSpec, distributed_dataset, read_data_info
 from .model import BertConfig, build_pretraining_model, load_init_checkpoint, resolve_bert_config
 from .optimization import create_optimizer
+from .run_folder import check_can_resume, record_identity, run_identity
+from .session import SessionGuard, session_deadline
 
 log = logging.getLogger(__name__)
 SUM = tf.distribute.ReduceOp.SUM
@@ -56,6 +59,7 @@ class TrainResult:
     final_eval: dict | None = None
     examples_per_second: float = 0.0
     seconds_to_first_step: float = 0.0
+    stopped_reason: str | None = None  # set when training stopped early (deadline, SIGTERM) to resume later
 
     def summary(self) -> str:
         parts = [f"Trained to step {self.steps} in {self.output_dir}"]
@@ -94,6 +98,7 @@ class Trainer:
             hidden_dropout_prob=m.hidden_dropout_prob)
         self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
         self.callbacks: list[Callable[[Trainer, int], None]] = []
+        self.example_ids: list[tuple[int, list[int]]] = []
         self._build()
 
     # -- setup ------------------------------------------------------------------------------------
@@ -149,10 +154,7 @@ class Trainer:
             getattr(optimizer, "inner_optimizer", optimizer).build(self.model.trainable_variables)
         common = dict(max_seq_length=self.config.data.max_seq_length,
                       max_predictions_per_seq=self.config.data.max_predictions_per_seq, seed=t.train_seed)
-        self.train_dataset = distributed_dataset(
-            self.strategy, self.data.train_files, t.train_batch_size, training=True,
-            shuffle_buffer_size=t.shuffle_buffer_size, masking=self._masking_spec(), **common)
-        self.train_iterator = iter(self.train_dataset)
+        self.train_dataset = self.train_iterator = None  # opened at the (restored) step by start_input()
         self.eval_batch_size = self._eval_batch_size()
         self.eval_dataset = None
         if self.eval_batch_size:
@@ -163,6 +165,17 @@ class Trainer:
                                      and self.accelerator.kind != "tpu")
         self._train_loop = tf.function(self._train_loop_fn)
         self._eval_loop = tf.function(self._eval_loop_fn)
+
+    def start_input(self, step: int) -> None:
+        """Open the training input at ``step``: the order is a pure function of (seed, records consumed)."""
+        t = self.config.train
+        self.train_dataset = distributed_dataset(
+            self.strategy, self.data.train_files, t.train_batch_size, training=True,
+            max_seq_length=self.config.data.max_seq_length,
+            max_predictions_per_seq=self.config.data.max_predictions_per_seq, seed=t.train_seed,
+            shuffle_buffer_size=t.shuffle_buffer_size, masking=self._masking_spec(),
+            start_record=step * t.train_batch_size, records_per_epoch=self.data.train_instances)
+        self.train_iterator = iter(self.train_dataset)
 
     def _input_pipelines(self) -> int:
         resolver = getattr(self.strategy, "cluster_resolver", None)
@@ -241,11 +254,15 @@ class Trainer:
 
     def _train_loop_fn(self, iterator, steps):
         totals = {key: tf.constant(0.0) for key in STAT_KEYS}
-        for _ in tf.range(steps):
-            per_replica = self.strategy.run(self._replica_step, args=(next(iterator),))
+        ids = tf.TensorArray(tf.int64, size=steps)  # the examples each step used, in global batch order
+        for i in tf.range(steps):
+            batch = next(iterator)
+            per_replica = self.strategy.run(self._replica_step, args=(batch,))
             totals = {key: totals[key] + self.strategy.reduce(SUM, per_replica[key], axis=None)
                       for key in STAT_KEYS}
-        return totals
+            if self.config.train.log_example_ids:
+                ids = ids.write(i, self.strategy.gather(batch["example_id"], axis=0))
+        return totals, (ids.stack() if self.config.train.log_example_ids else tf.zeros([0], tf.int64))
 
     def _eval_replica(self, batch):
         _, stats = self._forward_stats(batch, 1.0, 1.0, training=False)
@@ -261,12 +278,21 @@ class Trainer:
         return int(self.optimizer.iterations)
 
     def train_steps(self, steps: int) -> dict:
-        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics."""
+        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics.
+
+        With ``log_example_ids`` the ids of the examples each step used are kept in ``self.example_ids``
+        as ``(step, ids)`` pairs until the caller takes them.
+        """
+        if self.train_iterator is None:
+            self.start_input(self.step)
         totals = {key: 0.0 for key in STAT_KEYS}
         while steps > 0:
             n = min(steps, self.steps_per_execution)
-            sums = self._train_loop(self.train_iterator, tf.constant(n))
+            first = self.step
+            sums, ids = self._train_loop(self.train_iterator, tf.constant(n))
             totals = {key: totals[key] + float(sums[key]) for key in STAT_KEYS}
+            if self.config.train.log_example_ids:
+                self.example_ids.extend((first + 1 + i, row.tolist()) for i, row in enumerate(ids.numpy()))
             steps -= n
         return metrics_from_sums(totals)
 
@@ -293,21 +319,30 @@ class Trainer:
         self.config.save(path / "config.json")
         self.bert_config.to_json_file(path / "bert_config.json")
 
-    def save_weights(self, output_dir: str) -> str:
-        prefix = str(Path(output_dir) / "final_model" / "weights")
-        tf.train.Checkpoint(model=self.model).write(prefix)
-        return prefix
-
 
 def _next_boundary(step: int, every: int, total: int) -> int:
     return min(total, (step // every + 1) * every) if every else total
 
 
 def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None) -> TrainResult:
-    """The loop: train in chunks, log, evaluate periodically, call the hooks; final eval and weights."""
-    t = trainer.config.train
+    """The loop: resume from the newest checkpoint, train in chunks, log, evaluate, checkpoint, stop in time.
+
+    Checkpoints are saved every ``save_checkpoints_steps``, at the end, and before stopping for the
+    session deadline or SIGTERM/SIGINT; starting again in the same folder continues exactly.
+    """
+    config, t = trainer.config, trainer.config.train
     total = t.num_train_steps
+    identity = run_identity(config, trainer.bert_config, trainer.data)
+    check_can_resume(output_dir, identity)
+    manager = CheckpointManager(output_dir, tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer),
+                                keep_max=config.storage.keep_checkpoint_max, mirror=config.storage.mirror_dir or None)
+    restored = manager.restore_latest()
     trainer.write_run_files(output_dir)
+    record_identity(output_dir, identity)
+    train_seconds = restored.metadata.get("train_seconds", 0.0) if restored else 0.0
+    if restored:
+        log.info("Resuming from %s: step %d of %d.", restored.path, trainer.step, total)
+    trainer.start_input(trainer.step)
     logs = Path(output_dir) / "logs"
     train_writer = tf.summary.create_file_writer(str(logs / "train"))
     eval_writer = tf.summary.create_file_writer(str(logs / "eval"))
@@ -321,53 +356,93 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
 
     bar = tqdm(total=total, initial=trainer.step, unit="step", disable=(not progress) if progress is not None
                else None, dynamic_ncols=True, mininterval=1.0)
+    guard = SessionGuard(session_deadline(t.session_hours), margin_seconds=t.session_margin_minutes * 60)
     timed_steps, timed_seconds, started = 0, 0.0, time.perf_counter()
-    first = True
-    while trainer.step < total:
-        step = trainer.step
-        target = min(_next_boundary(step, t.log_every_steps, total),
-                     _next_boundary(step, t.eval_every_steps, total),
-                     step + trainer.steps_per_execution)
-        tick = time.perf_counter()
-        metrics = trainer.train_steps(target - step)
-        seconds = time.perf_counter() - tick
-        if first:  # graph build and compilation: reported apart, kept out of the rates
-            result.seconds_to_first_step, first = time.perf_counter() - started, False
-        else:
-            timed_steps, timed_seconds = timed_steps + target - step, timed_seconds + seconds
-        steps_per_s = timed_steps / timed_seconds if timed_seconds else (target - step) / seconds
-        metrics.update(steps_per_second=steps_per_s, examples_per_second=steps_per_s * t.train_batch_size,
-                       learning_rate=trainer.learning_rate())
-        result.history.append({"step": target, **metrics})
-        bar.update(target - bar.n)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", mlm_acc=f"{metrics['mlm_accuracy']:.3f}",
-                        steps_s=f"{steps_per_s:.2f}", ex_s=f"{steps_per_s * t.train_batch_size:.1f}")
-        if target % t.log_every_steps == 0 or target == total:
-            _write_scalars(train_writer, metrics, target)
-            eta = (total - target) / steps_per_s if steps_per_s else float("nan")
-            log.info("step %d/%d %s, %.2f steps/s, %.1f examples/s, ETA %s", target, total, _format(metrics),
-                     steps_per_s, steps_per_s * t.train_batch_size, _hms(eta))
-        if t.eval_every_steps and target % t.eval_every_steps == 0 and target < total:
-            evaluation = trainer.evaluate()
-            if evaluation:
-                _write_scalars(eval_writer, evaluation, target)
-                log.info("Eval at step %d: %s", target, _format(evaluation))
-        for callback in trainer.callbacks:
-            callback(trainer, target)
-    bar.close()
+    first, steps_per_s = True, 0.0
+
+    def save(step: int) -> None:
+        manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": train_seconds,
+                            "steps_per_second": steps_per_s, "saved_at": time.time()})
+
+    try:
+        while trainer.step < total:
+            step = trainer.step
+            target = min(_next_boundary(step, t.log_every_steps, total),
+                         _next_boundary(step, t.eval_every_steps, total),
+                         _next_boundary(step, t.save_checkpoints_steps, total),
+                         step + trainer.steps_per_execution)
+            tick = time.perf_counter()
+            metrics = trainer.train_steps(target - step)
+            seconds = time.perf_counter() - tick
+            train_seconds += seconds
+            _append_example_ids(trainer, logs)
+            if first:  # graph build and compilation: reported apart, kept out of the rates
+                result.seconds_to_first_step, first = time.perf_counter() - started, False
+            else:
+                timed_steps, timed_seconds = timed_steps + target - step, timed_seconds + seconds
+            steps_per_s = timed_steps / timed_seconds if timed_seconds else (target - step) / seconds
+            metrics.update(steps_per_second=steps_per_s, examples_per_second=steps_per_s * t.train_batch_size,
+                           learning_rate=trainer.learning_rate())
+            result.history.append({"step": target, **metrics})
+            bar.update(target - bar.n)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", mlm_acc=f"{metrics['mlm_accuracy']:.3f}",
+                            steps_s=f"{steps_per_s:.2f}", ex_s=f"{steps_per_s * t.train_batch_size:.1f}")
+            if target % t.log_every_steps == 0 or target == total:
+                _write_scalars(train_writer, metrics, target)
+                eta = (total - target) / steps_per_s if steps_per_s else float("nan")
+                log.info("step %d/%d %s, %.2f steps/s, %.1f examples/s, ETA %s", target, total, _format(metrics),
+                         steps_per_s, steps_per_s * t.train_batch_size, _hms(eta))
+            if t.eval_every_steps and target % t.eval_every_steps == 0 and target < total:
+                evaluation = trainer.evaluate()
+                if evaluation:
+                    _write_scalars(eval_writer, evaluation, target)
+                    log.info("Eval at step %d: %s", target, _format(evaluation))
+            saved = target % t.save_checkpoints_steps == 0 or target == total
+            if saved:
+                save(target)
+            for callback in trainer.callbacks:
+                callback(trainer, target)
+            reason = guard.should_stop(next_chunk_seconds=seconds)
+            if reason and target < total:
+                if not saved:
+                    save(target)
+                result.stopped_reason = reason
+                log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to "
+                            "continue from this step.", target, total, reason)
+                break
+    finally:
+        guard.close()
+        bar.close()
+        if not manager.wait_for_mirror(timeout=600):
+            log.warning("The checkpoint mirror %s is behind: %s", config.storage.mirror_dir, manager.mirror_error)
+        manager.close()
     result.steps = trainer.step
+    result.examples_per_second = (timed_steps / timed_seconds * t.train_batch_size) if timed_seconds else 0.0
+    if result.stopped_reason:
+        return result
     result.final_eval = trainer.evaluate()
     if result.final_eval:
         _write_scalars(eval_writer, result.final_eval, result.steps)
         log.info("Final eval at step %d: %s", result.steps, _format(result.final_eval))
-    result.examples_per_second = (timed_steps / timed_seconds * t.train_batch_size) if timed_seconds else 0.0
-    trainer.save_weights(output_dir)
     summary = {"steps": result.steps, "initial_eval": result.initial_eval, "final_eval": result.final_eval,
                "examples_per_second": result.examples_per_second,
-               "seconds_to_first_step": result.seconds_to_first_step,
+               "seconds_to_first_step": result.seconds_to_first_step, "train_seconds": train_seconds,
                "accelerator": trainer.accelerator.describe()}
     (Path(output_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return result
+
+
+def _append_example_ids(trainer: Trainer, logs: Path) -> None:
+    """Append the example ids each step used to logs/example_ids.jsonl (a replayed step appears again)."""
+    if not trainer.example_ids:
+        return
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "example_ids.jsonl", "a", encoding="utf-8") as handle:
+        for step, ids in trainer.example_ids:
+            handle.write(json.dumps({"step": step, "ids": ids}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    trainer.example_ids.clear()
 
 
 def train(config: Config | None = None, *, progress: bool | None = None, **kwargs) -> TrainResult:
