@@ -334,3 +334,15 @@ def test_cli_create_data_prints_the_summary(small_vocab, tmp_path):
                           "--vocab_file", vocab, "--output_dir", str(tmp_path / "x"), "--max_seq_lenght", "64"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "max_seq_lenght" in bad.stderr
+
+
+def test_summary_warns_when_next_sentence_prediction_degenerates():
+    from tpu_pretrain.pretraining_data import Manifest, ShardStats
+
+    shards = [ShardStats("train-00000-of-00001.tfrecord", "train", instances=100, random_next=93)]
+    summary = Manifest(settings={"no_nsp": False}, vocab_size=10, vocab_sha256="", inputs=[], corpus_report="",
+                       shards=shards).summary()
+    assert "93% of instances have a random next segment" in summary and "--split_sentences" in summary
+    shards[0].random_next = 52
+    assert "warning" not in Manifest(settings={}, vocab_size=10, vocab_sha256="", inputs=[], corpus_report="",
+                                     shards=shards).summary()

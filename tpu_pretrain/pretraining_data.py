@@ -114,6 +114,13 @@ class Manifest:
             )
         lines.append(f"corpus: {self.corpus_report}")
         lines.append(f"time: {self.seconds:.1f} s")
+        train = self.totals("train")
+        if not self.settings.get("no_nsp") and train["random_next"] > 0.7 * max(train["instances"], 1):
+            lines.append(
+                f"warning: {train['random_next'] / train['instances']:.0%} of instances have a random next segment "
+                "(about 50% is the aim): most documents hold one sentence, so next-sentence prediction learns "
+                "little. Use --split_sentences for a paragraph-per-line corpus, blank lines or --doc_separator "
+                "between documents, or --no_nsp.")
         return "\n".join(lines)
 
 
