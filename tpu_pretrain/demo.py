@@ -8,30 +8,52 @@ from pathlib import Path
 from .config import Config
 
 
-def run_demo(output_dir: str | Path = "demo_run", workers: int = 0) -> dict:
-    """Build the sample corpus, a vocab and the pretraining shards; print where each artefact went."""
+def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int = 1200) -> dict:
+    """Corpus, vocab, shards, a small model trained on CPU, evaluation and exports; prints where each went."""
+    from .evaluation import evaluate
+    from .export import export
+    from .plots import plot_run
     from .pretraining_data import create_pretraining_data
     from .sample_corpus import write_sample_corpus
+    from .training import train
     from .vocab import build_vocab
 
     out = Path(output_dir)
     started = time.time()
     corpus = write_sample_corpus(out / "corpus" / "stdlib_docstrings.txt")
-    print(f"[1/3] sample corpus: {corpus} ({corpus.stat().st_size / 1e6:.2f} MB of standard-library docstrings)")
+    print(f"[1/6] sample corpus: {corpus} ({corpus.stat().st_size / 1e6:.2f} MB of standard-library docstrings)")
 
     config = Config.load(
         input=[str(corpus)], output_dir=str(out), vocab_size=8000, vocab_file=str(out / "vocab.txt"),
         random_seed=12345, workers=workers,
     )
     vocab = build_vocab(config)
-    print(f"[2/3] vocab: {vocab.path} ({vocab.vocab_size} tokens, {vocab.pieces} learnt pieces)")
+    print(f"[2/6] vocab: {vocab.path} ({vocab.vocab_size} tokens, {vocab.pieces} learnt pieces)")
 
     config = Config.load(
         input=[str(corpus)], output_dir=str(out / "data"), vocab_file=vocab.path, max_seq_length=128,
         max_predictions_per_seq=20, dupe_factor=2, eval_fraction=0.05, do_whole_word_mask=True, workers=workers,
     )
     manifest = create_pretraining_data(config)
-    print(f"[3/3] pretraining data: {out / 'data'}")
+    print(f"[3/6] pretraining data: {out / 'data'}")
     print("      " + manifest.summary().replace("\n", "\n      "))
+
+    run = out / "run"
+    result = train(data_dir=str(out / "data"), output_dir=str(run), model_size="L2-H128", train_batch_size=32,
+                   num_train_steps=steps, num_warmup_steps=steps // 10, learning_rate=2e-3,
+                   save_checkpoints_steps=max(steps // 4, 1), eval_every_steps=max(steps // 4, 1),
+                   log_every_steps=max(steps // 10, 1), max_eval_steps=10, hidden_dropout_prob=0.0,
+                   progress=None)
+    print(f"[4/6] trained {result.steps} steps of BERT L2-H128 in {run} (checkpoints in {run / 'checkpoints'})")
+    print("      " + result.summary())
+
+    evaluation = evaluate(run, sentences=["The module provides functions for [MASK] with files.",
+                                          "Return the [MASK] of the list."], top_k=3)
+    print(f"[5/6] evaluation, saved in {evaluation.path}:")
+    print("      " + evaluation.summary().replace("\n", "\n      "))
+    curves = plot_run(run)
+    hf, tf_ckpt = export(run, "hf"), export(run, "tf")
+    print(f"[6/6] curves: {curves}; Hugging Face export: {hf}; original TF checkpoint export: {tf_ckpt}")
     print(f"demo finished in {time.time() - started:.1f} s; artefacts under {out.resolve()}")
-    return {"corpus": str(corpus), "vocab": vocab.path, "data_dir": str(out / "data"), "manifest": manifest}
+    return {"corpus": str(corpus), "vocab": vocab.path, "data_dir": str(out / "data"), "manifest": manifest,
+            "run": str(run), "train": result, "evaluation": evaluation, "hf": str(hf), "tf": str(tf_ckpt)}
