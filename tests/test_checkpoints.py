@@ -12,7 +12,7 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 
 import tensorflow as tf  # isort: skip
 
-from tpu_pretrain.checkpoints import CheckpointError, CheckpointManager, find_checkpoint
+from tpu_pretrain.checkpoints import CheckpointError, CheckpointManager, fetch_run, find_checkpoint
 from tpu_pretrain.storage import auth
 
 
@@ -154,6 +154,9 @@ def bucket(emulator, monkeypatch, tmp_path):
 def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator, tmp_path):
     mirror = f"gs://{bucket}/run"
     model, optimizer, checkpoint = make_state()
+    (tmp_path / "run" / "logs" / "train").mkdir(parents=True)
+    (tmp_path / "run" / "config.json").write_text('{"storage": {}}')
+    (tmp_path / "run" / "logs" / "train" / "events").write_bytes(b"curves")
     manager = CheckpointManager(tmp_path / "run", checkpoint, keep_max=2, mirror=mirror)
     manager.save(1)
     assert manager.wait_for_mirror(timeout=60)
@@ -170,7 +173,9 @@ def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator
     assert {"run/checkpoints/ckpt-000000002/checkpoint.json", "run/checkpoints/ckpt-000000003/checkpoint.json",
             "run/checkpoints/latest"} <= names
     assert not any("ckpt-000000001" in n for n in names)  # pruned to keep_max
+    assert {"run/config.json", "run/logs/train/events"} <= names  # what a new runtime needs, and the curves
     manager.close()
+    assert fetch_run(mirror, tmp_path / "fresh") and (tmp_path / "fresh" / "config.json").is_file()
 
     # A fresh runtime: no local files, the newest checkpoint comes back from the mirror.
     saved = weights(model)

@@ -34,6 +34,7 @@ PREFIX = "ckpt-"
 MANIFEST = "checkpoint.json"
 POINTER = "latest"
 TF_PREFIX = "state"  # TensorFlow writes state.index and state.data-*
+RUN_FILES = ("config.json", "run.json", "bert_config.json", "vocab.txt", "logs")  # mirrored beside checkpoints/
 
 
 class CheckpointError(UserInputError):
@@ -84,6 +85,8 @@ class CheckpointManager:
         self.directory = Path(run_dir) / "checkpoints"
         self.checkpoint = checkpoint
         self.keep_max = keep_max
+        self.run_dir = Path(run_dir)
+        self.run_mirror = mirror
         self.mirror = storage.join(mirror, "checkpoints") if mirror else None
         self.safety_margin = safety_margin
         self.mirror_error: str | None = None
@@ -234,6 +237,9 @@ class CheckpointManager:
                 if newest:
                     storage.write_text(storage.join(self.mirror, POINTER), newest[0].name + "\n")
                 self._prune_mirror()
+                for name in RUN_FILES:  # what a fresh runtime needs to continue, and the curves
+                    if (self.run_dir / name).exists():
+                        storage.sync(str(self.run_dir / name), storage.join(self.run_mirror, name))
                 self.mirror_error = None
             except Exception as exc:
                 self.mirror_error = f"{type(exc).__name__}: {exc}"
@@ -290,6 +296,19 @@ class CheckpointManager:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def fetch_run(mirror: str, run_dir: str | os.PathLike) -> bool:
+    """Bring a run's files (not its checkpoints: the manager fetches the newest) from its mirror to a new
+    runtime's local folder, so that ``train`` there continues it. False when the mirror holds no run."""
+    if not storage.exists(storage.join(mirror, "config.json")):
+        return False
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        remote = storage.join(mirror, name)
+        if storage.exists(remote):
+            storage.sync(remote, os.path.join(run_dir, name))
+    return True
 
 
 def find_checkpoint(run_dir: str | os.PathLike, step: int | None = None) -> CheckpointInfo:
