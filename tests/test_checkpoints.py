@@ -169,7 +169,7 @@ def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator
     train_a_step(model, optimizer)
     manager.save(3)
     assert manager.wait_for_mirror(timeout=60)
-    names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="run/checkpoints/")}
+    names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="run/")}
     assert {"run/checkpoints/ckpt-000000002/checkpoint.json", "run/checkpoints/ckpt-000000003/checkpoint.json",
             "run/checkpoints/latest"} <= names
     assert not any("ckpt-000000001" in n for n in names)  # pruned to keep_max
