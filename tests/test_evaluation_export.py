@@ -323,3 +323,28 @@ def test_minilm_import_export_round_trip(tmp_path):
     b4k = encoder.predict([inputs["input_ids"].numpy(), inputs["token_type_ids"].numpy()], verbose=0)
     assert np.abs(b4k - a.last_hidden_state.numpy())[real].max() <= TOLERANCE
     shutil.rmtree(tmp_path)
+
+
+def test_mask_slots_follow_whitespace_and_chinese_characters(tmp_path):
+    from tpu_pretrain.evaluation import _encode_with_masks, _slot_candidates
+    from tpu_pretrain.tokenization import load_tokenizer
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "play", "##ing", "the", "中", "国", "##s", "我"]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    tokenizer = load_tokenizer(tmp_path / "vocab.txt")
+    ids, segments, slots = _encode_with_masks(tokenizer, "play[MASK] the [MASK] [MASK][MASK] [SEP] 我[MASK][MASK]", 32)
+    assert [t for t in tokenizer.convert_ids_to_tokens(ids)] == (
+        ["[CLS]", "play", "[MASK]", "the", "[MASK]", "[MASK]", "[MASK]", "[SEP]", "我", "[MASK]", "[MASK]", "[SEP]"])
+    assert segments == [0] * 8 + [1] * 4
+    assert [(s.positions, s.continues_word) for s in slots] == [([2], True), ([4], False), ([5, 6], False),
+                                                                ([9, 10], False)]
+    allowed = np.array([i > 4 for i in range(len(tokens))])
+    continuation = tokenizer.is_continuation
+    cjk = np.array([t in ("中", "国", "我") for t in tokens])
+    uniform = np.full((2, len(tokens)), 1 / len(tokens))
+    attached = _slot_candidates(uniform[:1], slots[0], allowed, continuation, cjk, 3)
+    assert sorted(tokens[i[0]] for i, _ in attached) == ["##ing", "##s"]  # only continuations fit
+    chinese = uniform.copy()
+    chinese[0, tokens.index("中")], chinese[1, tokens.index("国")] = 0.5, 0.5
+    best, score = _slot_candidates(chinese, slots[3], allowed, continuation, cjk, 3)[0]
+    assert [tokens[i] for i in best] == ["中", "国"] and score == pytest.approx(0.25)

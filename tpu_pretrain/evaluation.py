@@ -120,6 +120,7 @@ def _encode_with_masks(tokenizer, text: str, max_seq_length: int):
         ids += tokenizer.encode(text[cursor:match.start()])
         if match.group() == "[SEP]":
             ids.append(tokenizer.sep_id)
+            segments += [segment] * (len(ids) - len(segments))  # the [SEP] closes segment A
             segment = 1
         else:
             previous = slots[-1] if slots else None
@@ -127,8 +128,8 @@ def _encode_with_masks(tokenizer, text: str, max_seq_length: int):
                 previous.positions.append(len(ids))
                 previous.end = match.end()
             else:
-                attached = match.start() > 0 and not text[match.start() - 1].isspace() and \
-                    text[match.start() - 1].isalnum()
+                before = text[match.start() - 1] if match.start() else " "
+                attached = before.isalnum() and not _is_cjk(before)  # CJK characters are words of their own
                 slots.append(_Slot([len(ids)], match.start(), match.end(), attached))
             ids.append(tokenizer.mask_id)
         segments += [segment] * (len(ids) - len(segments))
@@ -143,18 +144,26 @@ def _encode_with_masks(tokenizer, text: str, max_seq_length: int):
     return ids, segments, slots
 
 
-def _slot_candidates(probs: np.ndarray, slot: _Slot, inv_vocab: list[str], allowed: np.ndarray,
-                     continuation: np.ndarray, top_k: int) -> list[tuple[list[int], float]]:
+def _is_cjk(ch: str) -> bool:
+    cp = ord(ch)
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0xF900 <= cp <= 0xFAFF or 0x20000 <= cp <= 0x2FA1F)
+
+
+def _slot_candidates(probs: np.ndarray, slot: _Slot, allowed: np.ndarray, continuation: np.ndarray,
+                     cjk: np.ndarray, top_k: int) -> list[tuple[list[int], float]]:
     """Top-k fillings of one slot by the product of per-position probabilities (beam search).
 
     The first piece starts a word, unless the slot is typed onto a word ("play[MASK]"); later pieces are
-    ``##`` continuations.
+    ``##`` continuations, or CJK characters (each its own WordPiece word, as a Chinese word's characters).
     """
     beams = [([], 1.0)]
     for i in range(len(slot.positions)):
-        p = probs[i] * allowed
-        p = p * (continuation if i > 0 or slot.continues_word else ~continuation)
-        best = np.argsort(-p)[:top_k]
+        if i > 0:
+            fits = continuation | cjk
+        else:
+            fits = continuation if slot.continues_word else ~continuation
+        p = probs[i] * allowed * fits
+        best = [t for t in np.argsort(-p)[:top_k] if p[t] > 0]  # never a token the slot rules out
         beams = sorted(((ids + [int(t)], score * float(p[t])) for ids, score in beams for t in best),
                        key=lambda b: -b[1])[:top_k]
     return beams
@@ -177,6 +186,7 @@ def fill_mask(trained: TrainedModel, sentences, top_k: int = 5) -> list[dict]:
     allowed = np.array([not (t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]") or t.startswith("[unused"))
                         for t in inv_vocab])
     continuation = tokenizer.is_continuation
+    cjk = np.array([len(t) == 1 and _is_cjk(t) for t in inv_vocab])
     seq, pred = trained.max_seq_length, trained.max_predictions_per_seq
     results = []
     for text in sentences:
@@ -200,7 +210,7 @@ def fill_mask(trained: TrainedModel, sentences, top_k: int = 5) -> list[dict]:
             slot_probs = probs[offset:offset + len(slot.positions)]
             offset += len(slot.positions)
             candidates = []
-            for piece_ids, score in _slot_candidates(slot_probs, slot, inv_vocab, allowed, continuation, top_k):
+            for piece_ids, score in _slot_candidates(slot_probs, slot, allowed, continuation, cjk, top_k):
                 pieces = tokenizer.convert_ids_to_tokens(piece_ids)
                 word = _word(pieces)
                 candidates.append({"word": word, "pieces": pieces, "probability": score,
