@@ -348,3 +348,31 @@ def test_mask_slots_follow_whitespace_and_chinese_characters(tmp_path):
     chinese[0, tokens.index("中")], chinese[1, tokens.index("国")] = 0.5, 0.5
     best, score = _slot_candidates(chinese, slots[3], allowed, continuation, cjk, 3)[0]
     assert [tokens[i] for i in best] == ["中", "国"] and score == pytest.approx(0.25)
+
+
+def test_mlm_only_model_exports_for_bert_for_masked_lm(tmp_path):
+    """A no_nsp (RoBERTa-style) model: no pooler or NSP head, so the export is a clean BertForMaskedLM."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tpu_pretrain.evaluation import fill_mask
+    from tpu_pretrain.export import export_huggingface
+    from tpu_pretrain.trained_model import TrainedModel
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    tf.keras.utils.set_random_seed(1)
+    model = build_pretraining_model(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=2, intermediate_size=128), 16, 3, with_nsp=False)
+    out = export_huggingface(model, tmp_path / "hf", str(vocab))
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    hf, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids = np.array([[2, 7, 4, 9, 4, 3] + [0] * 10])
+    positions = np.array([[2, 4, 0]])
+    ours = model.model([ids, np.zeros_like(ids), positions]).numpy()
+    with torch.no_grad():
+        theirs = hf.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor((ids > 0).astype(np.int64))).logits
+    assert np.abs(theirs.numpy()[0, positions[0]] - ours[0]).max() <= TOLERANCE
+    result = fill_mask(TrainedModel(model, str(vocab), True, "in memory"), ["w2 [MASK] w4 [SEP] w5"], top_k=2)[0]
+    assert len(result["masks"][0]["candidates"]) == 2 and "is_next_probability" not in result
