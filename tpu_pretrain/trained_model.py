@@ -139,6 +139,8 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
     if checkpoint:
         _check_local(checkpoint)
     source = str(source)
+    if not Path(source).exists() and not Path(source + ".index").is_file():
+        raise UserInputError(f"{source} does not exist.")
     if is_run_dir(source):
         config = Config.from_file(Path(source) / "config.json")
         bert_config = BertConfig.from_json_file(Path(source) / "bert_config.json")
