@@ -48,7 +48,7 @@ def emulator(tmp_path_factory):
     emu.kill()
 
 
-def test_setup_prepare_and_upload_notebooks_run_headlessly(tmp_path, emulator, monkeypatch):
+def test_every_notebook_runs_headlessly_in_order(tmp_path, emulator, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
     monkeypatch.setenv("TPU_PRETRAIN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
@@ -64,4 +64,21 @@ def test_setup_prepare_and_upload_notebooks_run_headlessly(tmp_path, emulator, m
                  workers=4)
     names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="run/data/")}
     assert "run/data/manifest.json" in names and any(n.endswith(".tfrecord") for n in names)
+
+    tiny = dict(model_size="L2-H128", train_batch_size=8, num_train_steps=6, num_warmup_steps=1,
+                save_checkpoints_steps=3, eval_every_steps=3, keep_checkpoint_max=2)
+    run_notebook("03_train_colab_tpu.ipynb", tmp_path, data_dir="run/data", run_dir="run/colab",
+                 mirror_dir=str(tmp_path / "drive_mirror"), keep_alive=False, **tiny)
+    assert (tmp_path / "run" / "colab" / "checkpoints" / "ckpt-000000006").is_dir()
+    run_notebook("04_train_kaggle_tpu.ipynb", tmp_path, data_dir=f"gs://{bucket}/run/data", run_dir="run/kaggle",
+                 mirror_dir=f"gs://{bucket}/run/kaggle", kaggle_secret_name="", **tiny)
+    assert (tmp_path / "run" / "kaggle" / "checkpoints" / "ckpt-000000006").is_dir()
+    # A fresh runtime: the run comes back from its (Drive-like) mirror and goes on to step 9.
+    run_notebook("05_resume.ipynb", tmp_path, run_dir="run/fresh", mirror_dir=str(tmp_path / "drive_mirror"),
+                 data_dir="run/data", num_train_steps=9)
+    assert (tmp_path / "run" / "fresh" / "checkpoints" / "ckpt-000000009").is_dir()
+    run_notebook("06_evaluate_and_export.ipynb", tmp_path, run_dir="run/fresh", top_k=3,
+                 export_to=str(tmp_path / "exports"))
+    assert (tmp_path / "exports" / "hf" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "fresh" / "evaluation.json").is_file()
     auth.reset()

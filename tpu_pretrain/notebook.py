@@ -120,3 +120,17 @@ def show_instances(data_dir: str | os.PathLike, count: int = 3, split: str = "tr
         if len(shown) == count:
             break
     return "\n\n".join(shown)
+
+
+def local_copy(path: str, local_dir: str) -> str:
+    """A local path for ``path``: itself when local (or a mounted Drive folder), else a verified copy.
+
+    Training reads shards from local disk (both free TPU platforms are TPU VMs with one); a
+    ``gs://`` data folder is synced down once, and a re-run only fetches what changed.
+    """
+    from . import storage
+
+    if not storage.is_gcs_url(path):
+        return path
+    print(storage.sync(path, local_dir, progress=True).text())
+    return local_dir
