@@ -275,7 +275,7 @@ class Trainer:
     # -- public API ----------------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        return int(self.optimizer.iterations)
+        return int(self.optimizer.iterations.numpy())
 
     def train_steps(self, steps: int) -> dict:
         """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics.
