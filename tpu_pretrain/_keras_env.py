@@ -45,14 +45,8 @@ def _keras_major(tf) -> int:
 def check_dependencies() -> None:
     """Fail early, with the install command, when tf-keras or bert4keras is missing or mismatched."""
     problems = []
-    try:
-        tf_version = metadata.version("tensorflow")
-    except metadata.PackageNotFoundError:
-        tf_version = _first_installed(("tensorflow-cpu", "tensorflow-tpu", "tf-nightly"))
-    try:
-        tfk_version = metadata.version("tf-keras")
-    except metadata.PackageNotFoundError:
-        tfk_version = None
+    tf_version = installed_version("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
+    tfk_version = installed_version("tf-keras")
     if tf_version and not tfk_version:
         problems.append(f"tf-keras is missing: pip install 'tf-keras=={_minor(tf_version)}.*'")
     elif tf_version and tfk_version and _minor(tf_version) != _minor(tfk_version):
@@ -60,10 +54,7 @@ def check_dependencies() -> None:
             f"tf-keras {tfk_version} does not match TensorFlow {tf_version}: "
             f"pip install 'tf-keras=={_minor(tf_version)}.*'"
         )
-    try:
-        b4k_version = metadata.version("bert4keras")
-    except metadata.PackageNotFoundError:
-        b4k_version = None
+    b4k_version = installed_version("bert4keras")
     if b4k_version != BERT4KERAS_VERSION:
         found = f"bert4keras {b4k_version} is installed" if b4k_version else "bert4keras is missing"
         problems.append(
@@ -75,7 +66,8 @@ def check_dependencies() -> None:
         raise EnvironmentSetupError("; ".join(problems))
 
 
-def _first_installed(names) -> str | None:
+def installed_version(*names: str) -> str | None:
+    """The version of the first of these distributions that is installed, or None."""
     for name in names:
         try:
             return metadata.version(name)

@@ -13,10 +13,10 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 
 import tensorflow as tf
 
+from ._keras_env import installed_version
 from .errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -64,15 +64,6 @@ def tpu_vm_present() -> bool:
         return True
     return any(os.environ.get(k) for k in ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "TPU_NAME",
                                            "KAGGLE_TPU"))
-
-
-def installed_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def tpu_setup_commands() -> list[list[str]]:

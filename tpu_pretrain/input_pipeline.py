@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from .errors import UserInputError
-
-MANIFEST = "manifest.json"
+from .pretraining_data import MANIFEST
+from .tfrecord import feature_spec
 
 
 @dataclass
@@ -83,19 +83,6 @@ def record_shapes(path: str) -> tuple[int, int]:
         except KeyError as exc:
             raise UserInputError(f"{path} is not in the BERT pretraining schema (no {exc}).") from None
     raise UserInputError(f"{path} holds no records.")
-
-
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
-    seq, pred = max_seq_length, max_predictions_per_seq
-    return {
-        "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
-        "input_mask": tf.io.FixedLenFeature([seq], tf.int64),
-        "segment_ids": tf.io.FixedLenFeature([seq], tf.int64),
-        "masked_lm_positions": tf.io.FixedLenFeature([pred], tf.int64),
-        "masked_lm_ids": tf.io.FixedLenFeature([pred], tf.int64),
-        "masked_lm_weights": tf.io.FixedLenFeature([pred], tf.float32),
-        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
-    }
 
 
 def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int) -> dict:
