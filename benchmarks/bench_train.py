@@ -132,10 +132,14 @@ def main() -> None:
           f"time to first step {first:.1f} s")
     peak_after = matmul_peak_flops(2048)
     print(f"peak re-measured after: {peak_after / 1e9:.1f} GFLOP/s (MFU vs that: {ours * flops / peak_after:.1%})")
+    best = max(peak, peak_after)  # the CPU's clock wanders: the conservative figure uses the higher peak
+    print(f"MFU against the higher peak: {ours * flops / best:.1%} (goal >= 65%)")
     if not args.skip_baseline:
         stock = bench_stock(args, cfg)
-        print(f"stock bert4keras full-vocab MLM + model.fit: {stock:.2f} sequences/s; "
-              f"speed-up {ours / stock:.2f}x")
+        stock_flops = flops + 3 * (args.seq - args.pred) * (2 * cfg.hidden_size**2 + 2 * cfg.hidden_size * args.vocab)
+        print(f"stock bert4keras full-vocab MLM + model.fit: {stock:.2f} sequences/s "
+              f"({stock * stock_flops / best:.1%} of peak counting its full-vocabulary head); "
+              f"speed-up {ours / stock:.2f}x (goal >= 1.25x)")
 
 
 if __name__ == "__main__":
