@@ -185,3 +185,14 @@ def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator
     for a, b in zip(saved, weights(model2), strict=True):
         np.testing.assert_array_equal(a, b)
     assert os.path.isdir(tmp_path / "fresh" / "checkpoints" / "ckpt-000000003")
+
+
+def test_a_full_drive_mirror_is_reported_and_training_goes_on(small_disk, tmp_path):
+    model, optimizer, checkpoint = make_state(width=256)
+    manager = CheckpointManager(tmp_path / "run", checkpoint, mirror=str(small_disk / "MyDrive" / "run"))
+    manager.save(1)  # the local save succeeds
+    assert not manager.wait_for_mirror(timeout=60, retry=False)
+    assert "Not enough space" in manager.mirror_error and "checkpoint ckpt-000000001" in manager.mirror_error
+    assert manager.verify(manager.local_checkpoints()[0]) is None
+    assert not (small_disk / "MyDrive" / "run" / "checkpoints" / "ckpt-000000001").exists()
+    manager.close()

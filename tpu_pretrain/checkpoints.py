@@ -230,6 +230,9 @@ class CheckpointManager:
                         continue
                     remote = storage.join(self.mirror, info.name)
                     names = sorted(os.listdir(info.path))
+                    if not storage.is_gcs_url(remote):  # Drive (a mounted folder): fail early, saying what to free
+                        size = sum(os.path.getsize(os.path.join(info.path, n)) for n in names)
+                        storage.ensure_free_space(self.mirror, size, what=f"checkpoint {info.name}")
                     for name in [n for n in names if n != MANIFEST] + [MANIFEST]:
                         storage.copy(os.path.join(info.path, name), storage.join(remote, name))
                     self._mirrored.add(info.name)

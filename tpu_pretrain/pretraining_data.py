@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .config import Config
 from .corpus import CorpusReader
@@ -168,14 +169,16 @@ def create_pretraining_data(config: Config) -> Manifest:
         workers = min(config.data.workers or os.cpu_count() or 1, len(pending))
         task_args = [(job, str(out), str(work), d.vocab_file, settings, len(vocab)) for job in pending]
         log.info("Writing %d shard(s) with %d worker(s)...", len(pending), workers)
-        if workers == 1:
-            for args in task_args:
-                _shard_task(args)
-        else:
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(workers, initializer=_worker_init, initargs=(workers,)) as pool:
-                for _ in pool.imap_unordered(_shard_task, task_args):
-                    pass
+        with tqdm(total=len(task_args), unit="shard", desc="shards", disable=None) as bar:
+            if workers == 1:
+                for args in task_args:
+                    _shard_task(args)
+                    bar.update()
+            else:
+                context = multiprocessing.get_context("spawn")
+                with context.Pool(workers, initializer=_worker_init, initargs=(workers,)) as pool:
+                    for _ in pool.imap_unordered(_shard_task, task_args):
+                        bar.update()
     shards = [_complete_stats(out, _shard_name(*job)) for job in jobs]
     manifest = Manifest(settings=settings, vocab_size=len(vocab), vocab_sha256=identity["vocab_sha256"],
                         inputs=inputs, corpus_report=partition["corpus_report"],
@@ -237,8 +240,11 @@ def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict)
     handles |= {("eval", i): open(work / f"eval-{i}.txt", "w", encoding="utf-8") for i in range(num_eval)}
     counts = {"train": 0, "eval": 0}
     chooser = random.Random(settings["random_seed"] ^ 0x5EED)
+    total_bytes = sum(os.path.getsize(f) for f in reader.files)
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="reading corpus", disable=None)
     try:
         for doc in reader.documents():
+            bar.update(reader.stats.input_bytes - bar.n)
             # Held out at random; the second document at the latest, so a small corpus still has an eval set.
             held_out = chooser.random() < eval_fraction or (counts["eval"] == 0 and counts["train"] >= 1)
             split = "eval" if num_eval and held_out else "train"
@@ -247,6 +253,7 @@ def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict)
             handle.write("\n\n")
             counts[split] += 1
     finally:
+        bar.close()
         for handle in handles.values():
             handle.close()
     partition = {
