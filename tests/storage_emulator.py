@@ -7,7 +7,8 @@ The emulator does not enforce permissions (its IAM endpoints only store policies
 testIamPermissions grants everything), so :class:`DenyingProxy` sits in front of it and answers
 chosen requests with the HTTP 403 and JSON error body that Cloud Storage sends: the client library
 sees a real HTTP error over a real socket, nothing is mocked. The proxy can also add a fixed
-latency per request, which models the network round trip that parallel transfers hide.
+latency per request, which models the network round trip that parallel transfers hide, and cap each
+request's throughput, which models the per-stream limit that parallel slices of one file get around.
 """
 
 from __future__ import annotations
@@ -113,10 +114,13 @@ class DenyingProxy:
 
     HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "content-length"}
 
-    def __init__(self, upstream: str, deny: Callable[[str, str], bool] | None = None, latency: float = 0.0):
+    def __init__(self, upstream: str, deny: Callable[[str, str], bool] | None = None, latency: float = 0.0,
+                 stream_bytes_per_second: float = 0.0):
         self.upstream = urlsplit(upstream)
         self.deny = deny or (lambda method, path: False)
         self.latency = latency
+        # A cap on each request's bytes per second, as one stream to a real bucket has (0: none).
+        self.stream_bytes_per_second = stream_bytes_per_second
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -134,6 +138,8 @@ class DenyingProxy:
                 body = self.rfile.read(length) if length else b""
                 if proxy.latency:
                     time.sleep(proxy.latency)
+                if proxy.stream_bytes_per_second:
+                    time.sleep(len(body) / proxy.stream_bytes_per_second)
                 if proxy.deny(self.command, self.path):
                     payload = forbidden_body(self.command, self.path.split("?")[0])
                     self.send_response(403)
@@ -162,6 +168,8 @@ class DenyingProxy:
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if proxy.stream_bytes_per_second:
+                    time.sleep(len(data) / proxy.stream_bytes_per_second)
                 self.wfile.write(data)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle

@@ -341,3 +341,48 @@ def test_credentials_are_never_shown(tmp_path, monkeypatch):
         auth.get_credentials()
     assert redact("http://h/upload?uploadType=resumable&upload_id=SECRET123&x=1") == (
         "http://h/upload?uploadType=resumable&upload_id=<redacted>&x=1")
+
+
+def test_large_file_moves_as_parallel_slices_and_an_interrupted_upload_reuses_its_parts(bucket, tmp_path):
+    from tpu_pretrain.storage import sliced
+
+    big = tmp_path / "shard.tfrecord"
+    big.write_bytes(os.urandom(6 * MiB + 77))
+    options = TransferOptions(**{**FAST, "workers": 4, "parallel_threshold": 2 * MiB, "slice_size": 1 * MiB})
+    dest = f"gs://{bucket}/data/shard.tfrecord"
+    crc = checksums.crc32c_file(big)
+
+    # A first attempt dies after a few parts: the parts stay, the final name shows nothing.
+    def die_after_two_mib(position: int) -> None:
+        if position >= 2 * MiB:
+            raise ConnectionError("connection dropped")
+
+    with pytest.raises(Exception, match="connection dropped"):
+        sliced.composite_upload(str(big), storage.GcsPath.parse(dest), crc, big.stat().st_size, 1, 1 * MiB,
+                                die_after_two_mib)
+    assert not storage.exists(dest) and storage.list_files(f"gs://{bucket}/data") == []  # parts are hidden
+
+    summary = transfer(str(big), dest, options)
+    (result,) = summary.sent
+    assert result.bytes_sent < big.stat().st_size  # the parts already there were not sent again
+    assert object_crcs(f"gs://{bucket}/data") == {"shard.tfrecord": crc}
+    leftovers = [b.name for b in auth.storage_client().list_blobs(bucket) if sliced.PART_MARK in b.name]
+    assert leftovers == []
+
+    down = transfer(dest, str(tmp_path / "back.tfrecord"), options)
+    assert down.ok and filecmp.cmp(big, tmp_path / "back.tfrecord", shallow=False)
+    assert transfer(dest, str(tmp_path / "back.tfrecord"), options).skipped  # identical: skipped
+
+
+def test_corrupted_object_fails_a_ranged_download_without_a_partial_file(bucket, emulator, tmp_path):
+    big = tmp_path / "ckpt.data"
+    big.write_bytes(os.urandom(3 * MiB))
+    options = TransferOptions(**{**FAST, "workers": 4, "parallel_threshold": 1 * MiB, "slice_size": 512 * KiB})
+    assert transfer(str(big), f"gs://{bucket}/c/ckpt.data", options).ok
+    stored = emulator.object_file(bucket, "c/ckpt.data")
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    result = transfer(f"gs://{bucket}/c/ckpt.data", str(tmp_path / "out" / "ckpt.data"), options)
+    assert not result.ok and "crc32c" in result.text()
+    assert not (tmp_path / "out" / "ckpt.data").exists() and not list((tmp_path / "out").glob("*tmp*"))

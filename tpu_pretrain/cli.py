@@ -176,7 +176,8 @@ def _demo(config: Config, args: argparse.Namespace) -> int:
 
 
 # -- storage ---------------------------------------------------------------------------------------
-TRANSFER_FLAGS = ("transfer_workers", "transfer_retries", "resumable_chunk_mb", "mount_drive")
+TRANSFER_FLAGS = ("transfer_workers", "transfer_retries", "resumable_chunk_mb", "parallel_threshold_mb",
+                  "mount_drive")
 
 
 def _src_dest_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,7 +194,8 @@ def _transfer(config: Config, args: argparse.Namespace) -> int:
         drive.ensure_drive_ready(path, mount=s.mount_drive)
     chunk = s.resumable_chunk_mb * 1024 * 1024
     options = TransferOptions(workers=s.transfer_workers, retries=s.transfer_retries, chunk_size=chunk,
-                              resumable_threshold=chunk, progress=True)
+                              resumable_threshold=chunk, parallel_threshold=s.parallel_threshold_mb * 1024 * 1024,
+                              progress=True)
     summary = transfer(args.src, args.dest, options)
     print(summary.text())
     return 0 if summary.ok else 1

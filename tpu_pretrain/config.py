@@ -134,6 +134,8 @@ class StorageConfig:
     transfer_workers: int = _f(8, "Parallel file transfers to and from Cloud Storage.")
     transfer_retries: int = _f(5, "Retries per file on transient errors (exponential backoff).")
     resumable_chunk_mb: int = _f(8, "Files at least this large go up in resumable chunks of this many MiB.")
+    parallel_threshold_mb: int = _f(150, "Files at least this large move as parallel slices (composite upload, "
+                                    "ranged download) when transfer_workers > 1.")
     mount_drive: bool = _f(False, "On Colab, mount Google Drive when a path is under /content/drive.")
 
 
@@ -260,6 +262,7 @@ class Config:
         _require(s.transfer_workers >= 1, "transfer_workers", s.transfer_workers, "use at least 1")
         _require(s.transfer_retries >= 0, "transfer_retries", s.transfer_retries, "use 0 or more")
         _require(s.resumable_chunk_mb >= 1, "resumable_chunk_mb", s.resumable_chunk_mb, "use at least 1")
+        _require(s.parallel_threshold_mb >= 1, "parallel_threshold_mb", s.parallel_threshold_mb, "use at least 1")
         t = self.train
         _require(t.train_batch_size >= 1, "train_batch_size", t.train_batch_size, "use at least 1")
         _require(t.learning_rate > 0, "learning_rate", t.learning_rate, "use a positive value, e.g. 1e-4")

@@ -23,6 +23,7 @@ from pathlib import Path
 from . import auth, checksums
 from .errors import ChecksumMismatchError, NotFoundError, SessionExpiredError, StorageError, explain
 from .local import atomic_open
+from .sliced import PART_MARK
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 CHUNK_ALIGN = 256 * 1024  # resumable chunks must be multiples of 256 KiB (except the last)
@@ -148,6 +149,7 @@ class GcsBackend:
                 _info(blob, blob.name[len(prefix):])
                 for blob in _client().list_blobs(path.bucket, prefix=prefix, retry=_retry())
                 if not blob.name.endswith("/")  # folder placeholders made by the web console
+                and PART_MARK not in blob.name  # parts of a parallel upload still in flight
             ]
         except Exception as exc:
             raise _explain(exc, path, "list it") from None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import checksums, drive, gcs
+from . import checksums, drive, gcs, sliced
 from .errors import StorageError, explain, is_transient
 from .local import LocalBackend
 
@@ -35,6 +35,8 @@ class TransferOptions:
     max_backoff: float = 30.0
     chunk_size: int = 8 * MiB
     resumable_threshold: int = 8 * MiB
+    parallel_threshold: int = 150 * MiB  # larger files move as parallel slices (composite upload, ranged download)
+    slice_size: int = 32 * MiB
     progress: bool = True
     state_dir: str | None = None  # where resumable sessions are remembered (default: user cache)
     on_progress: Callable[[int], None] | None = None  # told the total bytes moved so far
@@ -275,8 +277,15 @@ def _copy_one(item: _Item, options: TransferOptions, on_position) -> tuple[int, 
         size = os.path.getsize(item.src)
         if size != item.size:
             raise StorageError(f"{item.src}: the file changed size during the upload; run it again.")
+        if size >= options.parallel_threshold and options.workers > 1:
+            return sliced.composite_upload(item.src, gcs.GcsPath.parse(item.dst), crc, size, options.workers,
+                                           options.slice_size, on_position)
         return gcs.upload_file(item.src, gcs.GcsPath.parse(item.dst), crc, size, options.chunk_size,
                                options.resumable_threshold, options.state_dir, on_position)
+    if src_gcs and not dst_gcs and item.size >= options.parallel_threshold and options.workers > 1:
+        received = sliced.ranged_download(gcs.GcsPath.parse(item.src), item.dst, item.size, item.src_crc,
+                                          item.generation, options.workers, options.slice_size, on_position)
+        return received, 1
     if src_gcs and not dst_gcs:
         received = gcs.download_file(gcs.GcsPath.parse(item.src), item.dst, item.size, item.src_crc,
                                      item.generation, on_position)
