@@ -194,3 +194,13 @@ class DenyingProxy:
 def is_write(method: str, path: str) -> bool:
     """Requests that create, change or delete objects (uploads, copies, deletes)."""
     return method in ("POST", "PUT", "PATCH", "DELETE")
+
+
+def use_emulator(url: str, monkeypatch, tmp_path: Path) -> None:
+    """Point tpu_pretrain's Cloud Storage client at an emulator (anonymous credentials, private cache)."""
+    from tpu_pretrain.storage import auth
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("TPU_PRETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    auth.reset()

@@ -2,11 +2,9 @@
 
 import os
 import subprocess
-import uuid
 
 import numpy as np
 import pytest
-from storage_emulator import Emulator
 
 import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 
@@ -131,27 +129,8 @@ def shutil_free(path):
     return shutil.disk_usage(path).free
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    emu = Emulator(tmp_path_factory.mktemp("gcs") / "data").start()
-    yield emu
-    emu.kill()
-
-
-@pytest.fixture
-def bucket(emulator, monkeypatch, tmp_path):
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator, tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_PRETRAIN_GCS_RETRY_SECONDS", "3")  # fail fast while the server is away
-    monkeypatch.setenv("TPU_PRETRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    auth.reset()
-    name = f"ckpt-{uuid.uuid4().hex[:8]}"
-    auth.storage_client().create_bucket(name)
-    yield name
-    auth.reset()
-
-
-def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator, tmp_path):
     mirror = f"gs://{bucket}/run"
     model, optimizer, checkpoint = make_state()
     (tmp_path / "run" / "logs" / "train").mkdir(parents=True)

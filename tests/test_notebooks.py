@@ -2,11 +2,9 @@
 
 import ast
 import json
-import uuid
 from pathlib import Path
 
 import pytest
-from storage_emulator import Emulator
 
 from tpu_pretrain.storage import auth
 
@@ -41,20 +39,7 @@ def run_notebook(name, tmp_path, **parameters):
     )
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    emu = Emulator(tmp_path_factory.mktemp("gcs") / "data").start()
-    yield emu
-    emu.kill()
-
-
-def test_every_notebook_runs_headlessly_in_order(tmp_path, emulator, monkeypatch):
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
-    monkeypatch.setenv("TPU_PRETRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    auth.reset()
-    bucket = f"nb-{uuid.uuid4().hex[:8]}"
-    auth.storage_client().create_bucket(bucket)
+def test_every_notebook_runs_headlessly_in_order(tmp_path, bucket):
 
     run_notebook("00_setup.ipynb", tmp_path, gcs_url=f"gs://{bucket}/run")
     run_notebook("01_prepare_data.ipynb", tmp_path, run_dir="run", vocab_size=3000, dupe_factor=1,

@@ -11,11 +11,10 @@ import filecmp
 import json
 import os
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
-from storage_emulator import DenyingProxy, Emulator, is_write
+from storage_emulator import DenyingProxy, Emulator, is_write, use_emulator
 
 from tpu_pretrain import storage
 from tpu_pretrain.storage import auth, checksums, drive
@@ -25,29 +24,6 @@ from tpu_pretrain.storage.transfer import TransferOptions, transfer
 
 KiB, MiB = 1024, 1024 * 1024
 FAST = dict(progress=False, retries=1, backoff=0.01, chunk_size=256 * KiB, resumable_threshold=1 * MiB)
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    emu = Emulator(tmp_path_factory.mktemp("gcs") / "data").start()
-    yield emu
-    emu.kill()
-
-
-def _use(url: str, monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    monkeypatch.setenv("TPU_PRETRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    auth.reset()
-
-
-@pytest.fixture
-def bucket(emulator, monkeypatch, tmp_path):
-    _use(emulator.url, monkeypatch, tmp_path)
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    auth.storage_client().create_bucket(name)
-    yield name
-    auth.reset()
 
 
 def make_tree(root: Path) -> dict[str, bytes]:
@@ -123,7 +99,7 @@ def test_large_file_goes_up_in_resumable_chunks(bucket, tmp_path):
 def test_server_killed_mid_upload_then_rerun_completes(tmp_path, monkeypatch):
     emu = Emulator(tmp_path / "emu").start()
     try:
-        _use(emu.url, monkeypatch, tmp_path)
+        use_emulator(emu.url, monkeypatch, tmp_path)
         auth.storage_client().create_bucket("crash-test")
         big = tmp_path / "shard.tfrecord"
         big.write_bytes(os.urandom(6 * MiB))
@@ -157,7 +133,7 @@ def test_server_killed_mid_upload_then_rerun_completes(tmp_path, monkeypatch):
 def test_short_outage_is_retried_with_backoff_in_the_same_run(tmp_path, monkeypatch):
     emu = Emulator(tmp_path / "emu").start()
     try:
-        _use(emu.url, monkeypatch, tmp_path)
+        use_emulator(emu.url, monkeypatch, tmp_path)
         auth.storage_client().create_bucket("retry-test")
         big = tmp_path / "big.bin"
         big.write_bytes(os.urandom(3 * MiB))
@@ -213,7 +189,7 @@ def test_missing_bucket_is_reported_clearly(bucket, tmp_path, capsys):
 def test_permission_error_is_reported_clearly(bucket, emulator, tmp_path, monkeypatch):
     (tmp_path / "weights.bin").write_bytes(os.urandom(2 * MiB))
     with DenyingProxy(emulator.url, deny=is_write) as proxy:
-        _use(proxy.url, monkeypatch, tmp_path)
+        use_emulator(proxy.url, monkeypatch, tmp_path)
         for name, threshold in (("small", 10 * MiB), ("resumable", 1 * MiB)):
             options = TransferOptions(**{**FAST, "resumable_threshold": threshold, "retries": 3})
             summary = transfer(str(tmp_path / "weights.bin"), f"gs://{bucket}/{name}/", options)
@@ -246,7 +222,7 @@ def test_storage_check_warns_about_public_bucket_and_denied_writes(bucket, emula
     assert "roles/storage.objectUser" in text and "roles/storage.objectViewer" in text
 
     with DenyingProxy(emulator.url, deny=is_write) as proxy:
-        _use(proxy.url, monkeypatch, tmp_path)
+        use_emulator(proxy.url, monkeypatch, tmp_path)
         denied = check_storage(f"gs://{bucket}/run")
         (write,) = [c for c in denied.access if c.action == "write"]
         assert write.ok is False and "permission denied" in write.detail

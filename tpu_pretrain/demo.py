@@ -8,7 +8,7 @@ from pathlib import Path
 from .config import Config
 
 
-def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int = 1200) -> dict:
+def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int = 800) -> dict:
     """Corpus, vocab, shards, a small model trained on CPU, evaluation and exports; prints where each went."""
     from .evaluation import evaluate
     from .export import export
@@ -32,7 +32,7 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
 
     config = Config.load(
         input=[str(corpus)], output_dir=str(out / "data"), vocab_file=vocab.path, max_seq_length=128,
-        max_predictions_per_seq=20, dupe_factor=2, eval_fraction=0.05, do_whole_word_mask=True, workers=workers,
+        max_predictions_per_seq=20, dupe_factor=5, eval_fraction=0.05, do_whole_word_mask=True, workers=workers,
     )
     manifest = create_pretraining_data(config)
     print(f"[3/6] pretraining data: {out / 'data'}")
