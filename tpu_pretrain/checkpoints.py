@@ -27,6 +27,7 @@ from . import storage
 from .errors import UserInputError
 from .storage.checksums import crc32c_file
 from .storage.drive import SAFETY_MARGIN, human_bytes
+from .storage.local import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync_dir(self.directory)
-            _atomic_write(self.directory / POINTER, name + "\n")
+            write_text_atomic(self.directory / POINTER, name + "\n")
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if _is_disk_full(exc):
@@ -333,13 +334,6 @@ def _is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     return "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    _fsync(tmp)
-    os.replace(tmp, path)
 
 
 def _fsync(path: Path) -> None:

@@ -214,10 +214,9 @@ class Config:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the resolved configuration as JSON (atomically: a reader never sees half a file)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        from .storage.local import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> Config:

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from .errors import UserInputError
 from .input_pipeline import parse_batch, read_data_info
+from .storage.local import write_text_atomic
 from .trained_model import TrainedModel, load_trained_model
 from .training import STAT_KEYS, metrics_from_sums
 
@@ -283,9 +284,7 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str | None = None, *, sente
         output = Path(trained.run_dir) / RESULTS_FILE
     if output is not None:
         result.path = str(output)
-        tmp = Path(str(output) + ".tmp")
-        tmp.write_text(json.dumps(_jsonable(asdict(result)), indent=2, ensure_ascii=False) + "\n")
-        os.replace(tmp, output)
+        write_text_atomic(output, json.dumps(_jsonable(asdict(result)), indent=2, ensure_ascii=False) + "\n")
     return result
 
 

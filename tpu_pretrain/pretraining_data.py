@@ -35,6 +35,7 @@ from .config import Config
 from .corpus import CorpusReader
 from .errors import UserInputError
 from .instances import MaskingSpec, RawInstance, Sentence, document_instances, mask_batch
+from .storage.local import write_text_atomic
 from .tfrecord import AtomicRecordWriter, encode_examples
 from .vocab import SPECIAL_TOKENS, load_vocab, vocab_sha256
 
@@ -436,9 +437,7 @@ def _read_json(path: Path):
 
 
 def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _sha256(path: Path) -> str:

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .errors import UserInputError
+from .storage.local import write_text_atomic
 
 RUN_FILE = "run.json"
 # Settings that change the model, the data or the order in which examples are drawn.
@@ -65,9 +66,7 @@ def check_can_resume(run_dir: str | os.PathLike, identity: dict) -> None:
 def record_identity(run_dir: str | os.PathLike, identity: dict) -> None:
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({**identity, "created": time.time()}, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps({**identity, "created": time.time()}, indent=2, sort_keys=True) + "\n")
 
 
 def run_status(run_dir: str | os.PathLike) -> str:

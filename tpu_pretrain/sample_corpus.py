@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from .corpus import split_sentences
+from .storage.local import write_text_atomic
 
 MODULES = (
     "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections colorsys configparser "
@@ -81,7 +82,5 @@ def write_sample_corpus(path: str | Path, max_chars: int = 1_500_000) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "\n\n".join("\n".join(doc) for doc in documents(max_chars)) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, text)
     return path

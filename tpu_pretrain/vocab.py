@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserInputError
+from .storage.local import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,7 @@ def build_vocab(config) -> VocabResult:
     tokens, n_chars, n_pieces = wordpiece_tokens(words_per_line, v.vocab_size, v.num_unused_tokens,
                                                  v.sentencepiece_model_type, d.random_seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    write_text_atomic(out, "\n".join(tokens) + "\n")
     unused = sum(t.startswith("[unused") for t in tokens)
     return VocabResult(str(out), len(tokens), len(sample), n_chars, n_pieces, unused, reader.stats.report())
 

@@ -49,6 +49,12 @@ def atomic_open(path: str | os.PathLike, expected_size: int | None = None) -> It
         raise
 
 
+def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    """Write a small text file (a manifest, a config, a pointer) so that readers see the old or the new one."""
+    with atomic_open(path) as f:
+        f.write(text.encode(encoding))
+
+
 class LocalBackend:
     """Files under a local path; paths are plain filesystem paths."""
 
