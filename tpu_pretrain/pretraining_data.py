@@ -15,6 +15,7 @@ and redoes partial ones; an output folder made with other settings is refused, n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -165,25 +166,26 @@ def create_pretraining_data(config: Config) -> Manifest:
         )
 
     jobs = [(split, index, count) for split, count in partition["shard_counts"].items() for index in range(count)]
-    pending = [job for job in jobs if _complete_stats(out, _shard_name(*job)) is None]
+    shards = {_shard_name(*job): _complete_stats(out, _shard_name(*job)) for job in jobs}  # verified once
+    pending = [job for job in jobs if shards[_shard_name(*job)] is None]
     if pending:
         workers = min(config.data.workers or os.cpu_count() or 1, len(pending))
-        task_args = [(job, str(out), str(work), d.vocab_file, settings, len(vocab)) for job in pending]
+        task_args = [(job, str(out), str(work), d.vocab_file, settings) for job in pending]
         log.info("Writing %d shard(s) with %d worker(s)...", len(pending), workers)
-        with tqdm(total=len(task_args), unit="shard", desc="shards", disable=None) as bar:
+        with contextlib.ExitStack() as stack:
+            bar = stack.enter_context(tqdm(total=len(task_args), unit="shard", desc="shards", disable=None))
             if workers == 1:
-                for args in task_args:
-                    _shard_task(args)
-                    bar.update()
+                written = map(_shard_task, task_args)
             else:
-                context = multiprocessing.get_context("spawn")
-                with context.Pool(workers, initializer=_worker_init, initargs=(workers,)) as pool:
-                    for _ in pool.imap_unordered(_shard_task, task_args):
-                        bar.update()
-    shards = [_complete_stats(out, _shard_name(*job)) for job in jobs]
+                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+                    workers, initializer=_worker_init, initargs=(workers,)))
+                written = pool.imap_unordered(_shard_task, task_args)
+            for stats in written:
+                shards[stats.file] = stats
+                bar.update()
     manifest = Manifest(settings=settings, vocab_size=len(vocab), vocab_sha256=identity["vocab_sha256"],
                         inputs=inputs, corpus_report=partition["corpus_report"],
-                        shards=[s for s in shards if s is not None], seconds=time.time() - start)
+                        shards=[shards[_shard_name(*job)] for job in jobs], seconds=time.time() - start)
     _write_json(out / MANIFEST, manifest.to_json())
     if Path(d.vocab_file).resolve() != (out / "vocab.txt").resolve():
         shutil.copyfile(d.vocab_file, out / "vocab.txt")  # the data folder names its own vocab
@@ -289,7 +291,7 @@ def _worker_init(workers: int) -> None:
 
 
 def _shard_task(args) -> ShardStats:
-    (split, index, count), out, work, vocab_file, settings, vocab_size = args
+    (split, index, count), out, work, vocab_file, settings = args
     from .tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(vocab_file, do_lower_case=settings["do_lower_case"])
