@@ -28,7 +28,7 @@ def describe_runtime() -> str:
 
     from .accelerator import tpu_vm_present
 
-    gpus = _nvidia_gpus()
+    gpus = nvidia_gpus()
     accelerator = "TPU VM" if tpu_vm_present() else (f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus else "CPU only")
     disk = shutil.disk_usage(os.getcwd())
     return (f"runtime: {runtime()}; accelerator: {accelerator}; {os.cpu_count()} CPU cores; "
@@ -36,7 +36,7 @@ def describe_runtime() -> str:
             f"{os.getcwd()}")
 
 
-def _nvidia_gpus() -> list[str]:
+def nvidia_gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     import subprocess
