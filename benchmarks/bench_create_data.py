@@ -65,7 +65,7 @@ def run_create_data(corpus: Path, vocab: str, out: Path, workers: int) -> tuple[
 def tokenizer_only(corpus: Path, vocab: str) -> float:
     """MB/s of the fast tokenizer alone over the same lines (batched, all cores)."""
     import tpu_pretrain  # noqa: F401  (environment first)
-    from tpu_pretrain.tokenization import load_tokenizer
+    from tpu_pretrain.data.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(vocab)
     lines = corpus.read_text(encoding="utf-8").splitlines()

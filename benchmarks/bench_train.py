@@ -29,11 +29,11 @@ import numpy as np
 import tensorflow as tf
 
 # isort: on
-from tpu_pretrain.accelerator import detect_accelerator, matmul_peak_flops
 from tpu_pretrain.config import Config
-from tpu_pretrain.model import bert_config_for_size
-from tpu_pretrain.optimization import create_optimizer
-from tpu_pretrain.training import Trainer
+from tpu_pretrain.train.accelerator import detect_accelerator, matmul_peak_flops
+from tpu_pretrain.train.bert_config import bert_config_for_size
+from tpu_pretrain.train.optimization import create_optimizer
+from tpu_pretrain.train.trainer import Trainer
 
 
 def train_flops_per_sequence(layers, hidden, intermediate, seq, pred, vocab) -> float:

@@ -51,9 +51,11 @@ def write_shards(folder: str, instances_by_split: dict, seq_len: int, max_pred: 
     """Write ``train-*``/``eval-*`` shards and a manifest.json in the project's data layout."""
     import tensorflow as tf
 
+    from tpu_pretrain.data.data_folder import Manifest, ShardStats
+
     os.makedirs(folder, exist_ok=True)
-    manifest = {"settings": {"max_seq_length": seq_len, "max_predictions_per_seq": max_pred},
-                "vocab_size": vocab_size, "shards": []}
+    manifest = Manifest(settings={"max_seq_length": seq_len, "max_predictions_per_seq": max_pred},
+                        vocab_size=vocab_size, vocab_sha256="", inputs=[], corpus_report="written by a test")
     for split, instances in instances_by_split.items():
         count = shards_per_split if split == "train" else 1
         for shard in range(count):
@@ -69,7 +71,7 @@ def write_shards(folder: str, instances_by_split: dict, seq_len: int, max_pred: 
                             feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
                     example = tf.train.Example(features=tf.train.Features(feature=feature))
                     writer.write(example.SerializeToString(deterministic=True))
-            manifest["shards"].append({"file": name, "split": split, "instances": len(part)})
+            manifest.shards.append(ShardStats(file=name, split=split, instances=len(part)))
     with open(os.path.join(folder, "manifest.json"), "w") as handle:
-        json.dump(manifest, handle, indent=2)
+        json.dump(manifest.to_json(), handle, indent=2)
     return folder

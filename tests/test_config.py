@@ -73,9 +73,9 @@ def test_cli_flags_share_the_configuration_names(tmp_path):
         ["create-data", "--config", str(tmp_path / "c.json"), "--input", "a.txt", "b.txt", "--max_seq_length", "96",
          "--max_predictions_per_seq", "15", "--do_lower_case=false", "--no_nsp"]
     )
-    from tpu_pretrain.cli import CREATE_DATA_FLAGS
+    from tpu_pretrain.config import CREATE_DATA, step_settings
 
-    config = config_from_args(args, CREATE_DATA_FLAGS)
+    config = config_from_args(args, step_settings(CREATE_DATA))
     assert config.corpus.input == ["a.txt", "b.txt"]
     assert config.data.max_seq_length == 96  # flag overrides the file
     assert config.data.dupe_factor == 3  # the file's value stays when no flag is given

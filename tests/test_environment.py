@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import tpu_pretrain
-from tpu_pretrain import _keras_env
+from tpu_pretrain import environment
 
 
 def test_import_selects_keras_2_for_tensorflow_and_bert4keras():
@@ -27,26 +27,26 @@ def test_tensorflow_already_in_keras_3_mode_is_a_clear_error():
 def _fake_versions(monkeypatch, versions):
     def version(name):
         if name not in versions:
-            raise _keras_env.metadata.PackageNotFoundError(name)
+            raise environment.metadata.PackageNotFoundError(name)
         return versions[name]
 
-    monkeypatch.setattr(_keras_env.metadata, "version", version)
+    monkeypatch.setattr(environment.metadata, "version", version)
 
 
 def test_wrong_or_missing_bert4keras_names_the_install_command(monkeypatch):
     _fake_versions(monkeypatch, {"tensorflow": "2.21.0", "tf-keras": "2.21.0", "bert4keras": "0.8.1"})
     with pytest.raises(tpu_pretrain.EnvironmentSetupError, match=r"bert4keras 0.8.1 .*--no-deps 'bert4keras==0.11.5'"):
-        _keras_env.check_dependencies()
+        environment.check_dependencies()
     _fake_versions(monkeypatch, {"tensorflow": "2.21.0", "tf-keras": "2.21.0"})
     with pytest.raises(tpu_pretrain.EnvironmentSetupError, match="bert4keras is missing"):
-        _keras_env.check_dependencies()
+        environment.check_dependencies()
 
 
 def test_tf_keras_of_another_minor_version_is_refused(monkeypatch):
     _fake_versions(monkeypatch, {"tensorflow": "2.21.0", "tf-keras": "2.19.0", "bert4keras": "0.11.5"})
     with pytest.raises(tpu_pretrain.EnvironmentSetupError, match=r"tf-keras==2.21"):
-        _keras_env.check_dependencies()
+        environment.check_dependencies()
 
 
 def test_installed_environment_passes():
-    _keras_env.check_dependencies()
+    environment.check_dependencies()

@@ -4,7 +4,7 @@ Importing the package selects Keras 2 for TensorFlow (bert4keras needs it) befor
 imported, and checks that the pinned bert4keras and a matching tf-keras are installed.
 """
 
-from ._keras_env import EnvironmentSetupError, check_dependencies, configure_keras2
+from .environment import EnvironmentSetupError, check_dependencies, configure_keras2
 
 configure_keras2()
 check_dependencies()

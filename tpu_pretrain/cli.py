@@ -1,7 +1,8 @@
 """The ``tpu-pretrain`` command line: one subcommand per step, flags named as the configuration fields.
 
 Flags are generated from :mod:`tpu_pretrain.config`, so a flag, a notebook parameter and a Python
-keyword argument always share one name. Booleans accept ``--flag``, ``--flag=false`` (the old absl
+keyword argument always share one name, and a subcommand offers exactly the settings tagged with its
+step. Booleans accept ``--flag``, ``--flag=false`` (the old absl
 style of Google's scripts) and ``--noflag``.
 """
 
@@ -15,29 +16,21 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
-from .config import Config, ConfigError, all_fields, field_type, parse_bool
+from .config import (
+    CREATE_DATA,
+    DEMO,
+    EVALUATE,
+    STORAGE_CHECK,
+    TRAIN,
+    TRANSFER,
+    VOCAB,
+    Config,
+    all_fields,
+    field_type,
+    step_settings,
+)
+from .config_checks import parse_bool
 from .errors import UserInputError
-
-# Settings each data step accepts (the names are the configuration's).
-CORPUS_FLAGS = ("input", "doc_separator", "split_sentences", "unicode_normalization", "strip_control",
-                "strip_punctuation", "dedupe_lines", "max_line_length", "do_lower_case")
-VOCAB_FLAGS = CORPUS_FLAGS + ("vocab_size", "num_unused_tokens", "vocab_sample_lines",
-                              "sentencepiece_model_type", "random_seed", "output_dir", "vocab_file",
-                              "chinese_whole_word")
-CREATE_DATA_FLAGS = CORPUS_FLAGS + ("vocab_file", "output_dir", "max_seq_length", "max_predictions_per_seq",
-                                    "masked_lm_prob", "dupe_factor", "short_seq_prob", "random_seed",
-                                    "do_whole_word_mask", "no_nsp", "chinese_whole_word", "num_shards",
-                                    "eval_fraction", "workers", "max_position_embeddings")
-
-TRAIN_FLAGS = ("data_dir", "output_dir", "vocab_file", "max_seq_length", "max_predictions_per_seq", "no_nsp",
-               "masked_lm_prob", "model_size", "bert_config_file", "max_position_embeddings", "init_checkpoint",
-               "hidden_dropout_prob", "train_batch_size", "learning_rate", "num_train_steps", "num_warmup_steps",
-               "save_checkpoints_steps", "optimizer", "weight_decay_rate", "adam_beta1", "adam_beta2",
-               "adam_epsilon", "lr_decay_power", "end_learning_rate", "clip_norm", "gradient_accumulation_steps",
-               "steps_per_execution", "eval_batch_size", "max_eval_steps", "eval_every_steps", "log_every_steps",
-               "dynamic_masking", "shuffle_buffer_size", "train_seed", "accelerator", "tpu_name",
-               "mixed_precision", "jit_compile", "keep_checkpoint_max", "mirror_dir", "session_hours",
-               "session_margin_minutes", "log_example_ids")
 
 _COMMANDS: dict[str, tuple[str, Sequence[str], Callable[[Config, argparse.Namespace], int]]] = {}
 # Extra (e.g. positional) arguments of a subcommand, added by a callback on its parser.
@@ -111,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args, flags)
         return int(func(config, args) or 0)
-    except (ConfigError, UserInputError) as exc:
+    except UserInputError as exc:
         print(f"tpu-pretrain {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
@@ -123,9 +116,9 @@ def _default_text(f) -> str:
 
 
 # -- subcommands ---------------------------------------------------------------------------------
-@command("vocab", "Train a WordPiece vocab.txt from a corpus (SentencePiece, converted).", VOCAB_FLAGS)
+@command("vocab", "Train a WordPiece vocab.txt from a corpus (SentencePiece, converted).", step_settings(VOCAB))
 def _vocab(config: Config, args: argparse.Namespace) -> int:
-    from .vocab import build_vocab
+    from .data.vocab import build_vocab
 
     result = build_vocab(config)
     print(result.summary())
@@ -133,18 +126,18 @@ def _vocab(config: Config, args: argparse.Namespace) -> int:
 
 
 @command("create-data", "Turn a corpus into BERT pretraining TFRecord shards + manifest.json.",
-         CREATE_DATA_FLAGS)
+         step_settings(CREATE_DATA))
 def _create_data(config: Config, args: argparse.Namespace) -> int:
-    from .pretraining_data import create_pretraining_data
+    from .data.create import create_pretraining_data
 
     manifest = create_pretraining_data(config)
     print(manifest.summary())
     return 0
 
 
-@command("train", "Pretrain BERT on the shards of create-data (TPU, GPUs or CPU).", TRAIN_FLAGS)
+@command("train", "Pretrain BERT on the shards of create-data (TPU, GPUs or CPU).", step_settings(TRAIN))
 def _train(config: Config, args: argparse.Namespace) -> int:
-    from .training import train
+    from .train.loop import train
 
     result = train(config)
     print(result.summary())
@@ -161,13 +154,13 @@ def _run_argument(parser: argparse.ArgumentParser) -> None:
 @command("status", "Where a run stands: step, newest checkpoint and mirror, time trained, time left.", (),
          arguments=_run_argument)
 def _status(config: Config, args: argparse.Namespace) -> int:
-    from .run_folder import run_status
+    from .train.status import run_status
 
     print(run_status(args.run))
     return 0
 
 
-@command("demo", "Run the whole path on the built-in sample corpus.", ("output_dir", "workers"))
+@command("demo", "Run the whole path on the built-in sample corpus.", step_settings(DEMO))
 def _demo(config: Config, args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -176,10 +169,6 @@ def _demo(config: Config, args: argparse.Namespace) -> int:
 
 
 # -- storage ---------------------------------------------------------------------------------------
-TRANSFER_FLAGS = ("transfer_workers", "transfer_retries", "resumable_chunk_mb", "parallel_threshold_mb",
-                  "mount_drive")
-
-
 def _src_dest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", metavar="SRC", help="File or folder to copy: a local path or gs://bucket/path.")
     parser.add_argument("dest", metavar="DEST", help="Where it goes: a local path or gs://bucket/path.")
@@ -187,29 +176,25 @@ def _src_dest_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _transfer(config: Config, args: argparse.Namespace) -> int:
     from .storage import drive
-    from .storage.transfer import TransferOptions, transfer
+    from .storage.transfer import transfer
 
     s = config.storage
     for path in (args.src, args.dest):
         drive.ensure_drive_ready(path, mount=s.mount_drive)
-    chunk = s.resumable_chunk_mb * 1024 * 1024
-    options = TransferOptions(workers=s.transfer_workers, retries=s.transfer_retries, chunk_size=chunk,
-                              resumable_threshold=chunk, parallel_threshold=s.parallel_threshold_mb * 1024 * 1024,
-                              progress=True)
-    summary = transfer(args.src, args.dest, options)
+    summary = transfer(args.src, args.dest, s.transfer_options(progress=True))
     print(summary.text())
     return 0 if summary.ok else 1
 
 
 @command("upload", "Upload a file or folder to Cloud Storage: parallel, resumable, crc32c-verified; "
-         "identical files are skipped, so re-running only sends what is missing.", TRANSFER_FLAGS,
+         "identical files are skipped, so re-running only sends what is missing.", step_settings(TRANSFER),
          arguments=_src_dest_arguments)
 def _upload(config: Config, args: argparse.Namespace) -> int:
     return _transfer(config, args)
 
 
 @command("download", "Download a file or prefix from Cloud Storage: parallel, crc32c-verified, atomic; "
-         "identical files are skipped.", TRANSFER_FLAGS, arguments=_src_dest_arguments)
+         "identical files are skipped.", step_settings(TRANSFER), arguments=_src_dest_arguments)
 def _download(config: Config, args: argparse.Namespace) -> int:
     return _transfer(config, args)
 
@@ -220,7 +205,7 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("storage-check", "Warn if a bucket is public, verify the credentials can list/read the data "
          "prefix (--data_dir) and write the run prefix (--output_dir), and print least-privilege "
-         "gcloud commands.", ("data_dir", "output_dir"), arguments=_check_arguments)
+         "gcloud commands.", step_settings(STORAGE_CHECK), arguments=_check_arguments)
 def _storage_check(config: Config, args: argparse.Namespace) -> int:
     from .storage.security import check_storage
 
@@ -250,10 +235,10 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("evaluate", "Held-out MLM loss/accuracy/perplexity and NSP accuracy of a run's newest (or chosen) "
          "weights, fill-mask predictions, curves PNG; results in RUN/evaluation.json.",
-         ("data_dir", "max_eval_steps", "eval_batch_size"), arguments=_evaluate_arguments)
+         step_settings(EVALUATE), arguments=_evaluate_arguments)
 def _evaluate(config: Config, args: argparse.Namespace) -> int:
-    from .evaluation import evaluate
-    from .plots import plot_run
+    from .export.evaluate import evaluate
+    from .export.plots import plot_run
 
     result = evaluate(args.run, args.checkpoint, sentences=args.sentence, top_k=args.top_k,
                       data_dir=args.data_dir, max_eval_steps=0 if args.all else args.max_eval_steps,
@@ -267,12 +252,14 @@ def _evaluate(config: Config, args: argparse.Namespace) -> int:
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
-    _source_arguments(parser)  # the choices repeat export.FORMATS/HEADS: importing export would load TensorFlow
-    parser.add_argument("--format", choices=("hf", "tf"), default="hf",
+    from .export import FORMATS, HEADS
+
+    _source_arguments(parser)
+    parser.add_argument("--format", choices=FORMATS, default="hf",
                         help="hf: Hugging Face folder (config.json, model.safetensors, tokenizer files); tf: "
                         "Google's bert_model.ckpt + bert_config.json + vocab.txt (default: hf).")
     parser.add_argument("--output", help="Destination folder (default: RUN/export/FORMAT).")
-    parser.add_argument("--heads", choices=("all", "mlm", "encoder"), default="all",
+    parser.add_argument("--heads", choices=HEADS, default="all",
                         help="hf only: all (BertForPreTraining), mlm (BertForMaskedLM) or encoder (BertModel): "
                         "the class that then loads without missing or unused weights (default: all).")
 
@@ -280,7 +267,7 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 @command("export", "Export a run's model as a Hugging Face folder or a Google TF checkpoint (or convert a "
          "checkpoint between the two).", (), arguments=_export_arguments)
 def _export(config: Config, args: argparse.Namespace) -> int:
-    from .export import export
+    from .export.writers import export
 
     path = export(args.run, args.format, args.output, checkpoint=args.checkpoint, heads=args.heads)
     print(f"Exported ({args.format}) to {path}")

@@ -10,13 +10,13 @@ from .config import Config
 
 def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int = 800) -> dict:
     """Corpus, vocab, shards, a small model trained on CPU, evaluation and exports; prints where each went."""
-    from .evaluation import evaluate
-    from .export import export
-    from .plots import plot_run
-    from .pretraining_data import create_pretraining_data
-    from .sample_corpus import write_sample_corpus
-    from .training import train
-    from .vocab import build_vocab
+    from .data.create import create_pretraining_data
+    from .data.sample_corpus import write_sample_corpus
+    from .data.vocab import build_vocab
+    from .export.evaluate import evaluate
+    from .export.plots import plot_run
+    from .export.writers import export
+    from .train.loop import train
 
     out = Path(output_dir)
     started = time.time()

@@ -1,7 +1,7 @@
 """Helpers the notebooks call, so that no logic lives in a notebook cell.
 
-Runtime detection (Colab, Kaggle, plain Jupyter), a parameter panel that gives Kaggle and Jupyter
-users the same choices as Colab's ``#@param`` forms, and readable views of what a step produced.
+A description of the runtime, a parameter panel that gives Kaggle and Jupyter users the same choices
+as Colab's ``#@param`` forms, readable views of what a step produced, and the Colab keep-alive.
 """
 
 from __future__ import annotations
@@ -12,21 +12,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .runtime import COLAB, runtime, tpu_vm_present
 
-def runtime() -> str:
-    """``"colab"``, ``"kaggle"`` or ``"local"`` (any other Jupyter or a script)."""
-    if "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ or Path("/content/sample_data").is_dir():
-        return "colab"
-    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or Path("/kaggle/working").is_dir():
-        return "kaggle"
-    return "local"
+__all__ = ["ParameterPanel", "describe_runtime", "keep_alive_script", "local_copy", "nvidia_gpus", "runtime",
+           "set_keep_alive", "show_instances"]
 
 
 def describe_runtime() -> str:
     """One paragraph: where we run, which accelerator is visible, cores, memory and free disk."""
     import psutil
-
-    from .accelerator import tpu_vm_present
 
     gpus = nvidia_gpus()
     accelerator = "TPU VM" if tpu_vm_present() else (f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus else "CPU only")
@@ -57,7 +51,7 @@ class ParameterPanel:
         self._values = dict(values)
         self._widgets: dict[str, Any] = {}
         if show is None:
-            show = runtime() != "colab"
+            show = runtime() != COLAB
         if show:
             self._display()
 
@@ -96,19 +90,16 @@ class ParameterPanel:
 
 def show_instances(data_dir: str | os.PathLike, count: int = 3, split: str = "train") -> str:
     """A few pretraining instances decoded to text: masked tokens as [MASK]->answer, segments and NSP label."""
-    import tensorflow as tf
-
-    from .pretraining_data import load_manifest
-    from .tfrecord import feature_spec, read_records
-    from .tokenization import load_tokenizer
+    from .data.data_folder import VOCAB, load_manifest
+    from .data.tfrecord import decode_example, read_records
+    from .data.tokenization import load_tokenizer
 
     data_dir = Path(data_dir)
     manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(str(data_dir / "vocab.txt"), do_lower_case=manifest.settings["do_lower_case"])
-    spec = feature_spec(manifest.settings["max_seq_length"], manifest.settings["max_predictions_per_seq"])
+    tokenizer = load_tokenizer(str(data_dir / VOCAB), do_lower_case=manifest.settings["do_lower_case"])
     shown = []
     for record in read_records(data_dir / manifest.files(split)[0]):
-        example = {k: v.numpy() for k, v in tf.io.parse_single_example(record, spec).items()}
+        example = decode_example(record)
         length = int(example["input_mask"].sum())
         tokens = tokenizer.convert_ids_to_tokens(example["input_ids"][:length])
         for position, answer, weight in zip(example["masked_lm_positions"], example["masked_lm_ids"],
@@ -134,3 +125,47 @@ def local_copy(path: str, local_dir: str) -> str:
         return path
     print(storage.sync(path, local_dir, progress=True).text())
     return local_dir
+
+
+# -- Colab keep-alive (best-effort) -----------------------------------------------------------------
+KEEP_ALIVE_JS = """
+(function () {
+  // tpu_pretrain keep-alive: clicks Colab's connect button every %(seconds)d s. Unofficial: Colab may
+  // change its page at any time, and it cannot extend the 12-hour limit.
+  if (window.__tpuPretrainKeepAlive) { clearInterval(window.__tpuPretrainKeepAlive); }
+  window.__tpuPretrainKeepAlive = setInterval(function () {
+    var root = (window.top && window.top.document) || document;
+    var button = root.querySelector("colab-connect-button");
+    var inner = button && button.shadowRoot ? button.shadowRoot.querySelector("#connect") : null;
+    (inner || button || {click: function () {}}).click();
+  }, %(seconds)d * 1000);
+})();
+"""
+
+STOP_KEEP_ALIVE_JS = """
+if (window.__tpuPretrainKeepAlive) {
+  clearInterval(window.__tpuPretrainKeepAlive);
+  window.__tpuPretrainKeepAlive = null;
+}
+"""
+
+
+def keep_alive_script(seconds: int = 60) -> str:
+    """The JavaScript the old tutorials pasted into the browser console (works there when the cell's does not)."""
+    return KEEP_ALIVE_JS % {"seconds": int(seconds)}
+
+
+def set_keep_alive(on: bool, seconds: int = 60) -> str:
+    """Switch the Colab keep-alive on or off from a notebook cell; returns what was done.
+
+    Best-effort: it injects a connect-button clicker into the page. Colab may change its page (or
+    sandbox output frames) at any time; if it stops working, paste :func:`keep_alive_script` into the
+    browser console. Either way the session still ends after 12 hours: resume is the real safeguard.
+    """
+    if runtime() != COLAB:
+        return "Not on Colab: no keep-alive needed."
+    from IPython.display import Javascript, display
+
+    display(Javascript(keep_alive_script(seconds) if on else STOP_KEEP_ALIVE_JS))
+    return ("Keep-alive on (best-effort, unofficial): it clicks Colab's connect button every "
+            f"{seconds} s." if on else "Keep-alive off.")

@@ -11,6 +11,7 @@ transfers are verified by crc32c. Nothing here ever makes a bucket or object pub
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from . import drive
@@ -93,20 +94,23 @@ def write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> N
     write_bytes(path, text.encode(encoding))
 
 
-def copy(src: str | os.PathLike, dst: str | os.PathLike, **options) -> TransferSummary:
+def copy(src: str | os.PathLike, dst: str | os.PathLike, options: TransferOptions | None = None,
+         **fields) -> TransferSummary:
     """Copy one file or object (any pair of local and gs://), verified; raise if it fails."""
-    return sync(src, dst, **options)
+    return sync(src, dst, options, **fields)
 
 
-def sync(src: str | os.PathLike, dst: str | os.PathLike, **options) -> TransferSummary:
+def sync(src: str | os.PathLike, dst: str | os.PathLike, options: TransferOptions | None = None,
+         **fields) -> TransferSummary:
     """Make ``dst`` hold what ``src`` holds (files already identical are skipped); raise on failure.
 
-    Keyword options are :class:`TransferOptions` fields; ``progress`` defaults to False here.
+    ``options`` (the configured transfer settings) and keyword :class:`TransferOptions` fields say how;
+    ``progress`` defaults to False here.
     """
     for side in (src, dst):
         _backend(side)  # validates the URL / Drive mount
-    options.setdefault("progress", False)
-    return transfer(os.fspath(src), os.fspath(dst), TransferOptions(**options)).raise_for_failures()
+    options = dataclasses.replace(options, **fields) if options else TransferOptions(**{"progress": False, **fields})
+    return transfer(os.fspath(src), os.fspath(dst), options).raise_for_failures()
 
 
 def delete(path: str | os.PathLike, recursive: bool = False) -> None:

@@ -15,7 +15,8 @@ import os
 import threading
 from pathlib import Path
 
-from . import drive
+from ..environment import environment_override
+from ..runtime import in_colab
 from .errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ _cached: dict[str, object] = {}
 
 def emulator_host() -> str | None:
     """The emulator's base URL when ``STORAGE_EMULATOR_HOST`` is set."""
-    host = os.environ.get(EMULATOR_ENV, "").strip()
+    host = environment_override(EMULATOR_ENV)
     if not host:
         return None
     return host if "://" in host else f"http://{host}"
@@ -41,11 +42,11 @@ def get_credentials():
     if emulator_host():
         from google.auth.credentials import AnonymousCredentials
 
-        return AnonymousCredentials(), os.environ.get("GOOGLE_CLOUD_PROJECT", "emulator")
+        return AnonymousCredentials(), environment_override("GOOGLE_CLOUD_PROJECT", "emulator")
     import google.auth
     from google.auth import exceptions as auth_exc
 
-    key = os.environ.get(KEY_ENV, "").strip()
+    key = environment_override(KEY_ENV)
     if key:
         _check_key_file(key)
         try:
@@ -55,8 +56,8 @@ def get_credentials():
                 f"{KEY_ENV} points at {key}, which is not a usable credentials file ({_kind_only(exc)}). "
                 "Use a service-account JSON key, or unset the variable to use your own sign-in."
             ) from None
-        return credentials, project or os.environ.get("GOOGLE_CLOUD_PROJECT")
-    if drive.in_colab():
+        return credentials, project or environment_override("GOOGLE_CLOUD_PROJECT")
+    if in_colab():
         from google.colab import auth as colab_auth  # type: ignore[import-not-found]
 
         colab_auth.authenticate_user()  # idempotent; shows Colab's own sign-in prompt once
@@ -70,7 +71,7 @@ def get_credentials():
             "`tpu_pretrain.storage.auth.use_kaggle_secret('NAME')`; elsewhere run "
             f"`gcloud auth application-default login` or set {KEY_ENV} to a service-account key file."
         ) from None
-    return credentials, project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+    return credentials, project or environment_override("GOOGLE_CLOUD_PROJECT")
 
 
 def _check_key_file(path: str) -> None:
@@ -117,7 +118,7 @@ def member(credentials) -> str:
 
 def storage_client(workers: int = 16):
     """One shared ``google.cloud.storage.Client`` per process (thread-safe for our use)."""
-    key = (os.environ.get(EMULATOR_ENV, ""), os.environ.get(KEY_ENV, ""))
+    key = (environment_override(EMULATOR_ENV), environment_override(KEY_ENV))
     with _lock:
         client = _cached.get("client")
         if client is not None and _cached.get("key") == key and _cached.get("workers", 0) >= workers:

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
+from ..formatting import human_bytes
+from ..runtime import in_colab
 from .errors import InsufficientSpaceError, StorageError
 
 DRIVE_ROOT = "/content/drive"
 # Keep this much free beyond the file itself: Drive's FUSE layer caches files locally while syncing.
 SAFETY_MARGIN = 64 * 1024 * 1024
-
-
-def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules or bool(os.environ.get("COLAB_RELEASE_TAG"))
 
 
 def is_drive_path(path: str | os.PathLike) -> bool:
@@ -88,11 +84,3 @@ def ensure_free_space(path: str | os.PathLike, needed: int, what: str = "this fi
         f"(+{human_bytes(SAFETY_MARGIN)} margin) but only {human_bytes(free)} is free; free at least "
         f"{human_bytes(needed + SAFETY_MARGIN - free)}. {hint}"
     )
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover

@@ -19,14 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import checksums
 from .errors import ChecksumMismatchError, explain
+from .gcs import PART_MARK, bucket, explain_error, retry
 from .local import atomic_open
 
-PART_MARK = ".tpu-pretrain-part-"
 MAX_COMPOSE_SOURCES = 32  # Cloud Storage composes at most 32 objects in one request
-
-
-def is_part_name(name: str) -> bool:
-    return PART_MARK in name
 
 
 def _slices(size: int, slice_size: int, most: int | None = None) -> list[tuple[int, int]]:
@@ -49,9 +45,7 @@ class _Progress:
 def composite_upload(local: str, dest, crc: str, size: int, workers: int, slice_size: int,
                      on_position: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Upload ``local`` as parallel parts composed into ``dest``; return (bytes sent, parts sent)."""
-    from .gcs import _bucket, _explain, _retry
-
-    bucket = _bucket(dest)
+    target_bucket = bucket(dest)
     token = base64.b64decode(crc).hex()  # parts of another version of the file get other names
     slices = _slices(size, slice_size, MAX_COMPOSE_SOURCES)
     names = [f"{dest.name}{PART_MARK}{token}-{i:02d}-of-{len(slices):02d}" for i in range(len(slices))]
@@ -64,9 +58,9 @@ def composite_upload(local: str, dest, crc: str, size: int, workers: int, slice_
             f.seek(start)
             data = f.read(end - start)
         part_crc = checksums.crc32c_bytes(data)
-        existing = bucket.get_blob(names[index], retry=_retry())
+        existing = target_bucket.get_blob(names[index], retry=retry())
         if existing is None or existing.crc32c != part_crc:
-            blob = bucket.blob(names[index])
+            blob = target_bucket.blob(names[index])
             blob.crc32c = part_crc  # the server refuses the part if its bytes do not match
             blob.upload_from_string(data, content_type="application/octet-stream", checksum=None, retry=None)
             with progress.lock:
@@ -77,18 +71,18 @@ def composite_upload(local: str, dest, crc: str, size: int, workers: int, slice_
     try:
         with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="part") as pool:
             list(pool.map(send, range(len(slices))))
-        target = bucket.blob(dest.name)
+        target = target_bucket.blob(dest.name)
         target.content_type = "application/octet-stream"
-        target.compose([bucket.blob(name) for name in names], retry=_retry())
-        target.reload(retry=_retry())
+        target.compose([target_bucket.blob(name) for name in names], retry=retry())
+        target.reload(retry=retry())
     except Exception as exc:
-        raise _explain(exc, dest, "upload to it in parallel parts") from None
+        raise explain_error(exc, dest, "upload to it in parallel parts") from None
     if target.crc32c != crc:
         raise ChecksumMismatchError(f"{dest.url}: the composed object has crc32c {target.crc32c}, the file has "
                                     f"{crc}: the upload was corrupted.")
     for name in names:  # best-effort: a part left behind is reused or cleaned by the next upload
         try:
-            bucket.blob(name).delete(retry=_retry())
+            target_bucket.blob(name).delete(retry=retry())
         except Exception:
             pass
     return sent[0], sent[1]
@@ -97,9 +91,7 @@ def composite_upload(local: str, dest, crc: str, size: int, workers: int, slice_
 def ranged_download(src, local: str, size: int, crc: str | None, generation: int | None, workers: int,
                     slice_size: int, on_position: Callable[[int], None] | None = None) -> int:
     """Download one object as parallel byte ranges into ``local`` (atomically, CRC32C checked)."""
-    from .gcs import _bucket, _explain
-
-    blob = _bucket(src).blob(src.name, generation=generation)
+    blob = bucket(src).blob(src.name, generation=generation)
     progress = _Progress(on_position)
     try:
         with atomic_open(local, expected_size=size) as f:
@@ -121,7 +113,7 @@ def ranged_download(src, local: str, size: int, crc: str | None, generation: int
             except ChecksumMismatchError:
                 raise
             except Exception as exc:
-                raise _explain(exc, src, "download it in parallel ranges") from None
+                raise explain_error(exc, src, "download it in parallel ranges") from None
             f.flush()
             got = checksums.crc32c_file(f.name)
             if crc and got != crc:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import checksums, drive, gcs, sliced
+from ..formatting import human_bytes
+from . import checksums, drive, gcs, objects, sliced
 from .errors import StorageError, explain, is_transient
 from .local import LocalBackend
 
@@ -88,8 +89,8 @@ class TransferSummary:
         moved = sum(r.size for r in self.sent)
         rate = moved / self.seconds if self.seconds > 0 else 0.0
         lines = [
-            f"{self.source} -> {self.dest}: {len(self.sent)} sent ({drive.human_bytes(moved)} in "
-            f"{self.seconds:.1f} s, {drive.human_bytes(rate)}/s), {len(self.skipped)} skipped (already "
+            f"{self.source} -> {self.dest}: {len(self.sent)} sent ({human_bytes(moved)} in "
+            f"{self.seconds:.1f} s, {human_bytes(rate)}/s), {len(self.skipped)} skipped (already "
             f"identical), {len(self.failed)} failed"
         ]
         lines += [f"  FAILED {r.error}" for r in self.failed]
@@ -280,14 +281,14 @@ def _copy_one(item: _Item, options: TransferOptions, on_position) -> tuple[int, 
         if size >= options.parallel_threshold and options.workers > 1:
             return sliced.composite_upload(item.src, gcs.GcsPath.parse(item.dst), crc, size, options.workers,
                                            options.slice_size, on_position)
-        return gcs.upload_file(item.src, gcs.GcsPath.parse(item.dst), crc, size, options.chunk_size,
+        return objects.upload_file(item.src, gcs.GcsPath.parse(item.dst), crc, size, options.chunk_size,
                                options.resumable_threshold, options.state_dir, on_position)
     if src_gcs and not dst_gcs and item.size >= options.parallel_threshold and options.workers > 1:
         received = sliced.ranged_download(gcs.GcsPath.parse(item.src), item.dst, item.size, item.src_crc,
                                           item.generation, options.workers, options.slice_size, on_position)
         return received, 1
     if src_gcs and not dst_gcs:
-        received = gcs.download_file(gcs.GcsPath.parse(item.src), item.dst, item.size, item.src_crc,
+        received = objects.download_file(gcs.GcsPath.parse(item.src), item.dst, item.size, item.src_crc,
                                      item.generation, on_position)
         return received, 1
     if src_gcs and dst_gcs:

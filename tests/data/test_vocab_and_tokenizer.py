@@ -1,0 +1,118 @@
+import gzip
+import unicodedata
+
+import pytest
+from bert_reference import full_tokenize
+from corpora import BERT_SAMPLE, WIKITEXT, ZH_FORTUNES, needs_corpora
+
+from tpu_pretrain.config import Config, CorpusConfig
+from tpu_pretrain.data.corpus import CorpusReader, TextNormalizer
+from tpu_pretrain.data.tokenization import load_tokenizer
+from tpu_pretrain.data.vocab import SPECIAL_TOKENS, build_vocab, load_vocab
+from tpu_pretrain.errors import UserInputError
+
+
+@pytest.fixture(scope="module")
+def english_vocab(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vocab_en")
+    result = build_vocab(Config.load(input=[str(WIKITEXT), str(BERT_SAMPLE)], vocab_size=8000,
+                                     vocab_file=str(out / "vocab.txt"), vocab_sample_lines=3000))
+    return result
+
+
+@pytest.fixture(scope="module")
+def chinese_vocab(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vocab_zh")
+    return build_vocab(Config.load(input=[str(ZH_FORTUNES)], doc_separator="%", vocab_size=21128,
+                                   vocab_file=str(out / "vocab.txt")))
+
+
+@needs_corpora
+def test_english_vocab_layout_and_exact_size(english_vocab):
+    tokens = load_vocab(english_vocab.path)
+    assert len(tokens) == 8000 == english_vocab.vocab_size
+    assert tuple(tokens[:5]) == SPECIAL_TOKENS
+    assert tokens[5:105] == [f"[unused{i}]" for i in range(100)]
+    assert any(t.startswith("##") and len(t) > 3 for t in tokens)  # learnt continuation pieces
+    assert {"the", "of", "and"} <= set(tokens)
+
+
+def _sample_lines(path, **corpus):
+    config = Config.load(input=[str(path)], **corpus)
+    return CorpusReader(config.corpus.input, config.corpus, do_lower_case=True).sample_lines(10**9, seed=0)
+
+
+@needs_corpora
+def test_every_character_of_the_sample_is_covered(english_vocab, chinese_vocab):
+    for vocab, path, extra in ((english_vocab, WIKITEXT, {}), (chinese_vocab, ZH_FORTUNES, {"doc_separator": "%"})):
+        tokenizer = load_tokenizer(vocab.path, do_lower_case=True)
+        lines = _sample_lines(path, **extra)
+        unknown = [line for line in lines if tokenizer.unk_id in tokenizer.encode(line)
+                   and all(len(w) <= 100 for w in line.split())]
+        assert unknown == [], unknown[:3]
+
+
+@needs_corpora
+def test_chinese_vocab_is_usable(chinese_vocab):
+    tokenizer = load_tokenizer(chinese_vocab.path, do_lower_case=True)
+    assert len(load_vocab(chinese_vocab.path)) == 21128
+    # Text is NFKC-normalised on its way in (as create-data does), so the full-width comma is covered.
+    tokens = tokenizer.tokenize(TextNormalizer(CorpusConfig())("人生得意须尽欢，我们明天再见。Hello world"))
+    assert tokens[:6] == ["人", "生", "得", "意", "须", "尽"]
+    assert "[UNK]" not in tokens
+
+
+@needs_corpora
+@pytest.mark.parametrize("lower", [True, False])
+def test_tokenizer_matches_the_reference_algorithm_on_every_corpus_line(english_vocab, chinese_vocab, lower):
+    for vocab, path in ((english_vocab, WIKITEXT), (english_vocab, BERT_SAMPLE), (chinese_vocab, ZH_FORTUNES)):
+        tokenizer = load_tokenizer(vocab.path, do_lower_case=lower)
+        vocab_set = set(tokenizer.inv_vocab)
+        lines = path.read_text(encoding="utf-8").splitlines()
+        fast = [e.tokens for e in tokenizer.backend.encode_batch(lines, add_special_tokens=False)]
+        mismatches = [(line, got) for line, got in zip(lines, fast, strict=True)
+                      if got != full_tokenize(without_private_use(line), vocab_set, lower)]
+        assert not mismatches, f"{path.name}: {len(mismatches)} of {len(lines)} lines differ, e.g. {mismatches[0]}"
+        assert tokenizer.encode(lines[1]) == tokenizer.convert_tokens_to_ids(full_tokenize(lines[1], vocab_set, lower))
+
+
+def without_private_use(text):
+    """Known difference: Hugging Face drops private-use characters (category Co), Google's code keeps them
+    (its word becomes [UNK]). The corpus normaliser removes them, so pretraining data is unaffected."""
+    return "".join(ch for ch in text if unicodedata.category(ch) != "Co")
+
+
+def test_tokenizer_rules_on_edge_cases(tmp_path):
+    vocab = list(SPECIAL_TOKENS) + ["un", "##aff", "##able", "hello", ",", "!", "中", "文", "cafe", "a"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = load_tokenizer(tmp_path / "vocab.txt", do_lower_case=True)
+    assert tokenizer.tokenize("UNAFFABLE, hello! 中文 Café") == ["un", "##aff", "##able", ",", "hello", "!", "中", "文",
+                                                                "cafe"]
+    assert tokenizer.tokenize("a" * 101) == ["[UNK]"]
+    assert tokenizer.tokenize("xyz") == ["[UNK]"]
+
+
+def test_existing_vocab_problems_are_named(tmp_path):
+    missing = tmp_path / "no_mask.txt"
+    missing.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+    with pytest.raises(UserInputError, match=r"no_mask.txt' lacks the special token\(s\) \[MASK\]"):
+        load_vocab(missing)
+    binary = tmp_path / "model.bin"
+    with gzip.open(binary, "wb") as handle:
+        handle.write(b"[PAD]\n" * 100)
+    with pytest.raises(UserInputError, match="model.bin' is not UTF-8"):
+        load_vocab(binary)
+    spm_vocab = tmp_path / "sp.vocab"
+    spm_vocab.write_text("<unk>\t0\n[PAD]\t0\n")
+    with pytest.raises(UserInputError, match="line 1 .*SentencePiece"):
+        load_vocab(spm_vocab)
+    with pytest.raises(UserInputError, match="does not exist"):
+        load_vocab(tmp_path / "absent.txt")
+
+
+def test_too_small_vocab_says_what_size_is_needed(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(chr(0x4E00 + i) * 2 + "\n" for i in range(400)))
+    with pytest.raises(UserInputError, match=r"vocab_size=300 is too small.*raise vocab_size to at least"):
+        build_vocab(Config.load(input=[str(corpus)], vocab_size=300, num_unused_tokens=10,
+                                vocab_file=str(tmp_path / "v.txt")))

@@ -1,0 +1,160 @@
+"""The package's shape: layers that import only downwards, no cycles, no borrowed private names, small
+modules and functions, and a data package that never loads TensorFlow."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
+# Lowest first: a module may import from its own layer (without cycles) or a lower one.
+LAYERS = (
+    ("errors", "formatting", "runtime", "environment"),
+    ("storage",),
+    ("config", "config_checks"),
+    ("data",),
+    ("train",),
+    ("export",),
+    ("cli", "notebook", "demo", "__init__", "__main__"),
+)
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer(name: str) -> int:
+    parts = name.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for index, members in enumerate(LAYERS):
+        if top in members:
+            return index
+    raise AssertionError(f"{name} belongs to no layer: add it to LAYERS")
+
+
+def imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import of the package, lazy ones included."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "tpu_pretrain":
+                continue
+            names = [a.name for a in node.names]
+            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in ALL]
+            if submodules:
+                found += [(sub, [], node.lineno) for sub in submodules]
+            else:
+                found.append((target, names, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == "tpu_pretrain"]
+    return found
+
+
+ALL = modules()
+
+
+def test_every_module_imports_only_its_own_layer_or_lower():
+    wrong = []
+    for name, path in ALL.items():
+        for target, _, line in imports(name, path):
+            if target in ALL and layer(target) > layer(name):
+                wrong.append(f"{name}:{line} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    graph = {name: {t for t, _, _ in imports(name, path) if t in ALL and t != name} for name, path in ALL.items()}
+    # A package's __init__ is run by importing any of its modules: not an edge of its own.
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
+            elif target not in state:
+                visit(target, stack + [target])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_module_takes_another_modules_private_names():
+    borrowed = []
+    for name, path in ALL.items():
+        for target, names, line in imports(name, path):
+            if target != name:
+                borrowed += [f"{name}:{line} imports {n} from {target}" for n in names if n.startswith("_")]
+    assert not borrowed, "\n".join(borrowed)
+
+
+def test_modules_and_functions_stay_small():
+    too_big = []
+    for name, path in ALL.items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            too_big.append(f"module {name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_big.append(f"function {name}.{node.name}: {length} lines")
+    assert not too_big, "\n".join(too_big)
+
+
+@pytest.mark.slow
+def test_data_preparation_never_imports_tensorflow(tmp_path):
+    """Every module of tpu_pretrain.data, and a whole create-data run, without TensorFlow loaded."""
+    data_modules = [name for name in ALL if name.startswith("tpu_pretrain.data")]
+    script = textwrap.dedent(f"""
+        import importlib, sys
+        for name in {data_modules!r}:
+            importlib.import_module(name)
+        from tpu_pretrain.config import Config
+        from tpu_pretrain.data.create import create_pretraining_data
+        from tpu_pretrain.data.sample_corpus import write_sample_corpus
+        from tpu_pretrain.data.vocab import build_vocab
+        corpus = str(write_sample_corpus({str(tmp_path / "corpus.txt")!r}, max_chars=40_000))
+        vocab = build_vocab(Config.load(input=[corpus], vocab_size=1200, num_unused_tokens=5,
+                                        vocab_file={str(tmp_path / "vocab.txt")!r}))
+        manifest = create_pretraining_data(Config.load(input=[corpus], vocab_file=vocab.path, workers=2,
+                                                       output_dir={str(tmp_path / "data")!r}, max_seq_length=64,
+                                                       max_predictions_per_seq=10, dupe_factor=1))
+        assert manifest.totals("train")["instances"] > 0
+        loaded = sorted(m for m in sys.modules if m == "tensorflow" or m.startswith(("tensorflow.", "tf_keras")))
+        print("LOADED", loaded)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LOADED []" in done.stdout, done.stdout
+
+
+def test_the_readme_describes_every_module():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme[readme.index("## How the code is laid out"):]
+    missing = [f"{path.relative_to(PACKAGE)}" for path in PACKAGE.rglob("*.py")
+               if path.name not in ("__init__.py", "__main__.py") and path.name not in section]
+    assert not missing, f"README's layout section does not mention: {missing}"

@@ -1,0 +1,191 @@
+"""The checkpoint manager on real TensorFlow checkpoints: atomic writes, fallback, full disk, mirror."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
+
+import tensorflow as tf  # isort: skip
+
+from tpu_pretrain.storage import auth
+from tpu_pretrain.train.checkpoints import CheckpointError, CheckpointManager, find_checkpoint, verify
+from tpu_pretrain.train.mirror import CheckpointMirror, fetch_run
+from tpu_pretrain.train.run_folder import RunFolder
+
+
+def make_state(seed=0, width=64):
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential([tf.keras.Input((width,)), tf.keras.layers.Dense(width), tf.keras.layers.Dense(4)])
+    optimizer = tf.keras.optimizers.Adam(1e-2)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+
+def train_a_step(model, optimizer):
+    x = tf.random.normal((8, model.input_shape[-1]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(x) ** 2)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+
+def weights(model):
+    return [w.copy() for w in model.get_weights()]
+
+
+def test_save_restore_round_trip_and_pruning(tmp_path):
+    model, optimizer, checkpoint = make_state()
+    manager = CheckpointManager(tmp_path / "checkpoints", checkpoint, keep_max=2)
+    for step in (1, 2, 3):
+        train_a_step(model, optimizer)
+        manager.save(step, {"examples": step * 8})
+    saved = weights(model)
+    assert [c.step for c in manager.local_checkpoints()] == [3, 2]  # keep_max
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "ckpt-000000003"
+    model2, optimizer2, checkpoint2 = make_state(seed=1)
+    info = CheckpointManager(tmp_path / "checkpoints", checkpoint2).restore_latest()
+    assert info.step == 3 and info.metadata == {"examples": 24}
+    assert int(optimizer2.iterations) == 3
+    for a, b in zip(saved, weights(model2), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, caplog):
+    model, optimizer, checkpoint = make_state()
+    manager = CheckpointManager(tmp_path / "checkpoints", checkpoint)
+    train_a_step(model, optimizer)
+    manager.save(1)
+    first = weights(model)
+    train_a_step(model, optimizer)
+    manager.save(2)
+    data = next((tmp_path / "checkpoints" / "ckpt-000000002").glob("state.data-*"))
+    if damage == "truncate":
+        data.write_bytes(data.read_bytes()[:100])
+    else:
+        data.unlink()
+    model2, _, checkpoint2 = make_state(seed=3)
+    info = CheckpointManager(tmp_path / "checkpoints", checkpoint2).restore_latest()
+    assert info.step == 1
+    assert "Skipping checkpoint" in caplog.text and "ckpt-000000002" in caplog.text
+    for a, b in zip(first, weights(model2), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert find_checkpoint(tmp_path / "checkpoints").step == 1
+
+
+def test_an_interrupted_write_leaves_no_visible_checkpoint(tmp_path):
+    model, optimizer, checkpoint = make_state()
+    manager = CheckpointManager(tmp_path / "checkpoints", checkpoint)
+    manager.save(1)
+    (tmp_path / "checkpoints" / ".ckpt-000000002.tmp-999").mkdir()  # a writer killed mid-save
+    assert [c.step for c in manager.local_checkpoints()] == [1]
+    manager.save(2)
+    assert not list((tmp_path / "checkpoints").glob(".*tmp*"))
+
+
+def test_incompatible_model_is_refused_naming_the_checkpoint(tmp_path):
+    _, _, checkpoint = make_state(width=64)
+    CheckpointManager(tmp_path / "checkpoints", checkpoint).save(1)
+    _, _, other = make_state(width=32)
+    with pytest.raises(CheckpointError, match="ckpt-000000001.*does not fit the model"):
+        CheckpointManager(tmp_path / "checkpoints", other).restore_latest()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if result.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_a_full_destination_fails_clearly_and_keeps_earlier_checkpoints(small_disk):
+    model, optimizer, checkpoint = make_state(width=256)  # about 0.8 MB of weights and Adam slots
+    manager = CheckpointManager(small_disk / "checkpoints", checkpoint, safety_margin=0)
+    manager.save(1)
+    before = sorted(p.name for p in (small_disk / "checkpoints" / "ckpt-000000001").iterdir())
+    (small_disk / "filler").write_bytes(b"\0" * (shutil_free(small_disk) - 200_000))
+    train_a_step(model, optimizer)
+    with pytest.raises(CheckpointError, match="Not enough space to save the checkpoint for step 2.*is free"):
+        manager.save(2)
+    assert [c.step for c in manager.local_checkpoints()] == [1]
+    assert verify(manager.local_checkpoints()[0]) is None
+    assert sorted(p.name for p in (small_disk / "checkpoints" / "ckpt-000000001").iterdir()) == before
+    # The disk filling up during the write itself (estimate check disabled): a clear error, nothing partial left.
+    manager.safety_margin = -(10**12)
+    with pytest.raises(CheckpointError, match="filled up while saving the checkpoint for step 2"):
+        manager.save(2)
+    assert [p.name for p in (small_disk / "checkpoints").iterdir() if p.is_dir()] == ["ckpt-000000001"]
+    assert verify(manager.local_checkpoints()[0]) is None
+
+
+def shutil_free(path):
+    import shutil
+
+    return shutil.disk_usage(path).free
+
+
+def mirrored_manager(run_dir, checkpoint, url, keep_max=5):
+    mirror = CheckpointMirror(RunFolder(run_dir), url, keep_max=keep_max)
+    return CheckpointManager(RunFolder(run_dir).checkpoints, checkpoint, keep_max=keep_max, mirror=mirror), mirror
+
+
+def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator, tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_PRETRAIN_GCS_RETRY_SECONDS", "3")  # fail fast while the server is away
+    url = f"gs://{bucket}/run"
+    model, optimizer, checkpoint = make_state()
+    (tmp_path / "run" / "logs" / "train").mkdir(parents=True)
+    (tmp_path / "run" / "config.json").write_text('{"storage": {}}')
+    (tmp_path / "run" / "vocab.txt").write_text("[PAD]\n")
+    (tmp_path / "run" / "logs" / "train" / "events").write_bytes(b"curves")
+    manager, mirror = mirrored_manager(tmp_path / "run", checkpoint, url, keep_max=2)
+    manager.save(1)
+    assert mirror.wait(timeout=60)
+    emulator.kill()
+    train_a_step(model, optimizer)
+    manager.save(2)  # the local save succeeds; the mirror fails in the background
+    assert not mirror.wait(timeout=120, retry=False)
+    assert mirror.error
+    emulator.restart()
+    train_a_step(model, optimizer)
+    manager.save(3)
+    assert mirror.wait(timeout=60)
+    names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="run/")}
+    assert {"run/checkpoints/ckpt-000000002/checkpoint.json", "run/checkpoints/ckpt-000000003/checkpoint.json",
+            "run/checkpoints/latest"} <= names
+    assert not any("ckpt-000000001" in n for n in names)  # pruned to keep_max
+    # what a new runtime needs (the vocab too, for evaluate and export), and the curves
+    assert {"run/config.json", "run/vocab.txt", "run/logs/train/events"} <= names
+    mirror.close()
+
+    # A fresh runtime with no local files: restoring through the mirror brings the newest checkpoint back.
+    saved = weights(model)
+    model2, optimizer2, checkpoint2 = make_state(seed=5)
+    manager2, mirror2 = mirrored_manager(tmp_path / "fresh", checkpoint2, url)
+    info = manager2.restore_latest()
+    mirror2.close()
+    assert info.step == 3 and int(optimizer2.iterations) == int(optimizer.iterations) == 2
+    for a, b in zip(saved, weights(model2), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert os.path.isdir(tmp_path / "fresh" / "checkpoints" / "ckpt-000000003")
+    # fetch_run brings the run files and the newest checkpoint, for evaluate and export as much as for train.
+    assert fetch_run(url, tmp_path / "fetched")
+    assert (tmp_path / "fetched" / "config.json").is_file() and (tmp_path / "fetched" / "vocab.txt").is_file()
+    assert find_checkpoint(tmp_path / "fetched" / "checkpoints").step == 3
+
+
+def test_a_full_drive_mirror_is_reported_and_training_goes_on(small_disk, tmp_path):
+    model, optimizer, checkpoint = make_state(width=256)
+    manager, mirror = mirrored_manager(tmp_path / "run", checkpoint, str(small_disk / "MyDrive" / "run"))
+    manager.save(1)  # the local save succeeds
+    assert not mirror.wait(timeout=60, retry=False)
+    assert "Not enough space" in mirror.error and "checkpoint ckpt-000000001" in mirror.error
+    assert verify(manager.local_checkpoints()[0]) is None
+    assert not (small_disk / "MyDrive" / "run" / "checkpoints" / "ckpt-000000001").exists()
+    mirror.close()

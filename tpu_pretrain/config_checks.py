@@ -1,0 +1,181 @@
+"""The checks a configuration must pass: values of the right kind, and settings that agree.
+
+Every error is a :class:`ConfigError` that names the setting, its value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from .errors import UserInputError
+
+
+class ConfigError(UserInputError):
+    """A setting is unknown, malformed or inconsistent; the message names it and the fix."""
+
+
+def check_settings(config) -> None:
+    """Check each setting's range and the consistency between settings."""
+    _check_data(config.data, config.model)
+    _check_corpus_and_vocab(config.corpus, config.vocab)
+    _check_storage(config.storage)
+    _check_train(config.train)
+
+
+def _check_data(d, m) -> None:
+    _require(d.max_seq_length >= 8, "max_seq_length", d.max_seq_length, "use at least 8 (BERT uses 128 or 512)")
+    _require(
+        d.max_seq_length <= m.max_position_embeddings,
+        "max_seq_length",
+        d.max_seq_length,
+        f"it is above max_position_embeddings={m.max_position_embeddings}; lower max_seq_length or "
+        "raise max_position_embeddings (a released model's limit cannot be raised)",
+    )
+    _require(0 < d.masked_lm_prob < 1, "masked_lm_prob", d.masked_lm_prob, "use a value in (0, 1), e.g. 0.15")
+    _require(d.max_predictions_per_seq >= 1, "max_predictions_per_seq", d.max_predictions_per_seq,
+             "use at least 1")
+    budget = masked_budget(d.max_seq_length, d.masked_lm_prob)
+    _require(
+        d.max_predictions_per_seq <= math.ceil(budget * 1.1) + 1,
+        "max_predictions_per_seq",
+        d.max_predictions_per_seq,
+        f"masking never fills that many: at most {budget} of max_seq_length={d.max_seq_length} tokens "
+        f"are masked at masked_lm_prob={d.masked_lm_prob}; set max_predictions_per_seq={budget + 1} "
+        "(BERT: 20 for 128, 80 for 512) or raise masked_lm_prob",
+    )
+    _require(0 <= d.short_seq_prob <= 1, "short_seq_prob", d.short_seq_prob, "use a value in [0, 1]")
+    _require(d.dupe_factor >= 1, "dupe_factor", d.dupe_factor, "use at least 1")
+    _require(0 <= d.eval_fraction <= 0.5, "eval_fraction", d.eval_fraction, "use a value in [0, 0.5]")
+    _require(d.num_shards >= 0, "num_shards", d.num_shards, "use 0 (automatic) or a positive count")
+    _require(d.workers >= 0, "workers", d.workers, "use 0 (all cores) or a positive count")
+
+
+def _check_corpus_and_vocab(c, v) -> None:
+    _require(c.max_line_length >= 1, "max_line_length", c.max_line_length, "use a positive character count")
+    _require(v.num_unused_tokens >= 0, "num_unused_tokens", v.num_unused_tokens, "use 0 or more")
+    _require(
+        v.vocab_size >= 5 + v.num_unused_tokens + 100,
+        "vocab_size",
+        v.vocab_size,
+        f"too small for 5 special tokens, {v.num_unused_tokens} [unusedN] and the characters; use at "
+        "least a few thousand (BERT uses 30522; Chinese BERT 21128)",
+    )
+    _require(v.vocab_sample_lines >= 100, "vocab_sample_lines", v.vocab_sample_lines, "use at least 100")
+
+
+def _check_storage(s) -> None:
+    _require(s.keep_checkpoint_max >= 1, "keep_checkpoint_max", s.keep_checkpoint_max, "keep at least 1")
+    _require(s.transfer_workers >= 1, "transfer_workers", s.transfer_workers, "use at least 1")
+    _require(s.transfer_retries >= 0, "transfer_retries", s.transfer_retries, "use 0 or more")
+    _require(s.resumable_chunk_mb >= 1, "resumable_chunk_mb", s.resumable_chunk_mb, "use at least 1")
+    _require(s.parallel_threshold_mb >= 1, "parallel_threshold_mb", s.parallel_threshold_mb, "use at least 1")
+
+
+def _check_train(t) -> None:
+    _require(t.train_batch_size >= 1, "train_batch_size", t.train_batch_size, "use at least 1")
+    _require(t.learning_rate > 0, "learning_rate", t.learning_rate, "use a positive value, e.g. 1e-4")
+    _require(t.num_train_steps >= 1, "num_train_steps", t.num_train_steps, "use at least 1")
+    _require(
+        0 <= t.num_warmup_steps <= t.num_train_steps,
+        "num_warmup_steps",
+        t.num_warmup_steps,
+        f"use a value between 0 and num_train_steps={t.num_train_steps}",
+    )
+    _require(t.save_checkpoints_steps >= 1, "save_checkpoints_steps", t.save_checkpoints_steps,
+             "use at least 1")
+    _require(t.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
+             t.gradient_accumulation_steps, "use at least 1")
+    _require(t.train_batch_size % t.gradient_accumulation_steps == 0, "train_batch_size",
+             t.train_batch_size, f"it must be a multiple of gradient_accumulation_steps="
+             f"{t.gradient_accumulation_steps} (the global batch is split into that many micro-batches)")
+    _require(t.steps_per_execution >= 0, "steps_per_execution", t.steps_per_execution,
+             "use 0 (auto) or more")
+    _require(t.eval_batch_size >= 0, "eval_batch_size", t.eval_batch_size,
+             "use 0 (train_batch_size) or more")
+    _require(t.clip_norm >= 0, "clip_norm", t.clip_norm, "use 0 (off) or a positive norm such as 1.0")
+    _require(t.weight_decay_rate >= 0, "weight_decay_rate", t.weight_decay_rate,
+             "use 0 or more, e.g. 0.01")
+    _require(t.log_every_steps >= 1, "log_every_steps", t.log_every_steps, "use at least 1")
+    _require(t.eval_every_steps >= 0, "eval_every_steps", t.eval_every_steps, "use 0 (end only) or more")
+    _require(t.max_eval_steps >= 1, "max_eval_steps", t.max_eval_steps, "use at least 1")
+
+def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:
+    """The most tokens masking picks in a full sequence ([CLS] and two [SEP]s excluded)."""
+    return max(1, int(round((max_seq_length - 3) * masked_lm_prob)))
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Configuration file {path} does not exist.")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text) or {}
+        else:
+            values = json.loads(text)
+    except Exception as exc:  # yaml and json raise different types; both messages name the line
+        raise ConfigError(f"Cannot parse configuration file {path}: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"Configuration file {path} must hold a mapping of setting names to values.")
+    return values
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on", "t", "y"):
+        return True
+    if text in ("0", "false", "no", "off", "f", "n"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def coerce(key: str, value: Any, kind: Any, choices, source: str) -> Any:
+    """``value`` (from a flag, a file or a keyword) as setting ``key`` of type ``kind``, or a ConfigError."""
+    try:
+        if kind is bool:
+            result = parse_bool(value)
+        elif kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("not an integer")
+            result = int(value)
+        elif kind is float:
+            if isinstance(value, bool):
+                raise ValueError("not a number")
+            result = float(value)
+        elif kind is str:
+            if not isinstance(value, str | int | float | os.PathLike):
+                raise ValueError("not a string")
+            result = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+        elif typing.get_origin(kind) is list or isinstance(kind, types.GenericAlias):
+            if isinstance(value, str | os.PathLike):
+                value = [value]
+            result = [os.fspath(item) if isinstance(item, os.PathLike) else str(item) for item in value]
+        else:  # pragma: no cover - every field has one of the kinds above
+            result = value
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"Setting '{key}' in {source} has value {value!r}, which is not a valid "
+            f"{getattr(kind, '__name__', kind)} ({exc})."
+        ) from None
+    if choices and result not in choices:
+        close = difflib.get_close_matches(str(result), choices, n=1, cutoff=0.4)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"Setting '{key}' in {source} is {result!r}; choose one of {', '.join(choices)}.{hint}")
+    return result
+
+
+def _require(ok: bool, key: str, value: Any, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"Setting {key}={value!r} is invalid: {fix}.")

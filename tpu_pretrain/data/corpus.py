@@ -1,0 +1,278 @@
+"""Read a raw text corpus as a stream of normalised documents.
+
+Input follows the original BERT scripts: one sentence (or paragraph) per line, a blank line between
+documents; a configurable separator line (e.g. ``%``) also ends a document. Files are streamed line
+by line, never loaded whole, so corpus size does not bound memory. Problems in the input (undecodable
+bytes, over-long lines, empty files) are counted and reported with their location, never fatal.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import logging
+import os
+import re
+import sys
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import CorpusConfig
+from ..errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+CORPUS_SUFFIXES = (".txt", ".gz", ".text")
+_EXAMPLES_KEPT = 5
+
+# ANSI/VT100 escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ESC sequences).
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# Control, invisible format and private-use characters BERT's tokenizers drop or turn into [UNK] (tab: a space).
+_CONTROL_RE = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ue000-\uf8ff\ufeff\ufff9-\ufffb"
+    "\U000f0000-\U0010ffff]"
+)
+# Sentence ends: English . ! ? followed by space and an upper-case letter, digit or quote; Chinese and
+# Japanese full-width ends (optionally followed by closing quotes) without needing a space.
+_SENTENCE_END_RE = re.compile(
+    r"[.!?]+[\"'”’)\]]*(?=\s+[\"'“‘(\[]?[A-Z0-9À-Ý])"
+    r"|[。！？!?；…]+[”’」』）)]*"
+)
+
+
+@dataclass
+class CorpusStats:
+    """What reading the corpus met: counts, and where the first few problems are."""
+
+    files: int = 0
+    empty_files: list[str] = field(default_factory=list)
+    lines: int = 0
+    documents: int = 0
+    sentences: int = 0
+    characters: int = 0
+    input_bytes: int = 0
+    undecodable_lines: int = 0
+    too_long_lines: int = 0
+    duplicate_lines: int = 0
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def note(self, kind: str, where: str) -> None:
+        kept = self.examples.setdefault(kind, [])
+        if len(kept) < _EXAMPLES_KEPT:
+            kept.append(where)
+
+    def report(self) -> str:
+        counts = [f"{self.files} file(s)", f"{self.lines} lines"]
+        if self.documents:
+            counts += [f"{self.documents} documents", f"{self.sentences} sentences"]
+        parts = [", ".join(counts + [f"{self.characters} characters"])]
+        for label, count, kind in (
+            ("lines with undecodable bytes (bad bytes dropped)", self.undecodable_lines, "undecodable"),
+            ("over-long lines dropped", self.too_long_lines, "too_long"),
+            ("duplicate lines dropped", self.duplicate_lines, "duplicate"),
+        ):
+            if count:
+                where = ", ".join(self.examples.get(kind, []))
+                parts.append(f"{count} {label} (first at {where})")
+        if self.empty_files:
+            parts.append(f"{len(self.empty_files)} empty file(s): {', '.join(self.empty_files[:_EXAMPLES_KEPT])}")
+        return "; ".join(parts)
+
+
+def expand_inputs(inputs: Iterable[str]) -> list[str]:
+    """Files named by paths, globs or folders (folders: every .txt/.gz inside, recursively), sorted."""
+    files: list[str] = []
+    for item in inputs:
+        item = os.path.expanduser(str(item))
+        if os.path.isdir(item):
+            found = sorted(
+                str(p) for p in Path(item).rglob("*") if p.is_file() and p.name.lower().endswith(CORPUS_SUFFIXES)
+            )
+            if not found:
+                raise UserInputError(f"Corpus folder '{item}' holds no .txt or .gz files.")
+            files.extend(found)
+        elif glob.has_magic(item):
+            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise UserInputError(f"Corpus pattern '{item}' matches no file.")
+            files.extend(found)
+        elif os.path.isfile(item):
+            files.append(item)
+        else:
+            raise UserInputError(f"Corpus input '{item}' does not exist (check the path given to --input).")
+    if not files:
+        raise UserInputError("No corpus input given: pass one or more files, globs or folders with --input.")
+    return list(dict.fromkeys(files))  # keep order, drop repeats
+
+
+def open_binary(path: str) -> io.BufferedIOBase:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+class TextNormalizer:
+    """Turns one raw line into clean text according to :class:`CorpusConfig` (and lower-casing)."""
+
+    def __init__(self, config: CorpusConfig, do_lower_case: bool = False):
+        self.form = None if config.unicode_normalization == "none" else config.unicode_normalization
+        self.strip_control = config.strip_control
+        self.do_lower_case = do_lower_case
+        self.punctuation_table = _punctuation_table() if config.strip_punctuation else None
+
+    def __call__(self, text: str) -> str:
+        """Clean, Unicode-normalised, whitespace-collapsed text; case is kept (see :meth:`lower`)."""
+        if self.strip_control and not text.isprintable():
+            text = _CONTROL_RE.sub(" ", _ANSI_RE.sub("", text))
+        if self.form and not text.isascii() and not unicodedata.is_normalized(self.form, text):
+            text = unicodedata.normalize(self.form, text)
+        if self.punctuation_table is not None:
+            text = text.translate(self.punctuation_table)
+        return " ".join(text.split())
+
+    def lower(self, text: str) -> str:
+        """Lower-case and strip accents when ``do_lower_case`` (after sentence splitting, which needs case)."""
+        if not self.do_lower_case:
+            return text
+        return text.lower() if text.isascii() else strip_accents(text.lower())
+
+
+def strip_accents(text: str) -> str:
+    """Drop combining marks after canonical decomposition, as BERT's uncased models do."""
+    decomposed = unicodedata.normalize("NFD", text)
+    if decomposed.isascii():
+        return decomposed
+    return decomposed.translate(_combining_marks())
+
+
+_COMBINING: dict[int, None] | None = None
+
+
+def _combining_marks() -> dict[int, None]:
+    """A str.translate table deleting every non-spacing mark (category Mn); built once."""
+    global _COMBINING
+    if _COMBINING is None:
+        _COMBINING = {cp: None for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) == "Mn"}
+    return _COMBINING
+
+
+_PUNCT_TABLE: dict[int, None] | None = None
+
+
+def _punctuation_table() -> dict[int, None]:
+    """Every Unicode punctuation code point (category P*) plus ASCII symbols BERT counts as punctuation."""
+    global _PUNCT_TABLE
+    if _PUNCT_TABLE is None:
+        table = {cp: None for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)).startswith("P")}
+        for cp in list(range(33, 48)) + list(range(58, 65)) + list(range(91, 97)) + list(range(123, 127)):
+            table[cp] = None
+        _PUNCT_TABLE = table
+    return _PUNCT_TABLE
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph at English (. ! ? + capital) and Chinese (。！？；…) sentence ends."""
+    parts, start = [], 0
+    for match in _SENTENCE_END_RE.finditer(text):
+        parts.append(text[start:match.end()].strip())
+        start = match.end()
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+class CorpusReader:
+    """Streams documents (lists of sentences) from corpus files; :attr:`stats` says what it met."""
+
+    def __init__(self, inputs: Iterable[str], config: CorpusConfig, do_lower_case: bool = False):
+        self.files = expand_inputs(inputs)
+        self.config = config
+        self.normalize = TextNormalizer(config, do_lower_case)
+        self.stats = CorpusStats()
+        self._seen: set[int] | None = set() if config.dedupe_lines else None
+
+    def lines(self) -> Iterator[str | None]:
+        """Normalised lines; ``None`` marks a document boundary."""
+        cfg, stats = self.config, self.stats
+        separator = cfg.doc_separator.strip()
+        for path in self.files:
+            stats.files += 1
+            got_any = False
+            with open_binary(path) as handle:
+                for number, raw in enumerate(handle, 1):
+                    stats.lines += 1
+                    stats.input_bytes += len(raw)
+                    got_any = True
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        text = raw.decode("utf-8", errors="ignore")
+                        stats.undecodable_lines += 1
+                        stats.note("undecodable", f"{path}:{number}")
+                    if len(text) > cfg.max_line_length:
+                        stats.too_long_lines += 1
+                        stats.note("too_long", f"{path}:{number}")
+                        continue
+                    stripped = text.strip()
+                    if not stripped or (separator and stripped == separator):
+                        yield None
+                        continue
+                    line = self.normalize(stripped)
+                    if not line:
+                        continue  # nothing left after normalisation: not a document boundary
+                    if self._seen is not None:
+                        key = hash(line)  # 64-bit: a collision among distinct lines is negligible
+                        if key in self._seen:
+                            stats.duplicate_lines += 1
+                            stats.note("duplicate", f"{path}:{number}")
+                            continue
+                        self._seen.add(key)
+                    yield line
+            if not got_any:
+                stats.empty_files.append(path)
+            yield None  # a file always ends a document
+
+    def documents(self) -> Iterator[list[str]]:
+        """Documents as lists of sentences, in corpus order."""
+        doc: list[str] = []
+        split = self.config.split_sentences
+        for line in self.lines():
+            if line is None:
+                if doc:
+                    self.stats.documents += 1
+                    self.stats.sentences += len(doc)
+                    yield doc
+                    doc = []
+                continue
+            self.stats.characters += len(line)
+            if split:
+                doc.extend(self.normalize.lower(s) for s in split_sentences(line))
+            else:
+                doc.append(self.normalize.lower(line))
+        if doc:  # pragma: no cover - lines() always ends with a boundary
+            self.stats.documents += 1
+            self.stats.sentences += len(doc)
+            yield doc
+
+    def sample_lines(self, count: int, seed: int) -> list[str]:
+        """A uniform random sample of at most ``count`` lines (reservoir sampling: one pass, bounded memory)."""
+        import random
+
+        rng = random.Random(seed)
+        sample: list[str] = []
+        seen = 0
+        for line in self.lines():
+            if line is None:
+                continue
+            self.stats.characters += len(line)
+            line = self.normalize.lower(line)
+            seen += 1
+            if len(sample) < count:
+                sample.append(line)
+            else:
+                j = rng.randrange(seen)
+                if j < count:
+                    sample[j] = line
+        return sample

@@ -1,0 +1,177 @@
+"""``create-data``: a corpus to sharded TFRecords in the original BERT schema, plus ``manifest.json``.
+
+Two passes keep memory bounded whatever the corpus size:
+
+1. *Partition* (one process, streaming): read and normalise the corpus, deal documents round-robin
+   into per-shard work files (held-out documents into eval shards).
+2. *Shards* (worker processes): each shard is read back in blocks of documents, tokenised, turned
+   into instances ``dupe_factor`` times, shuffled within the block, and written under a temporary
+   name that is renamed when the shard is complete.
+
+A shard depends only on its documents, the seed and its index, so the output is byte-identical
+whatever the number of workers. A re-run skips complete shards (checked against their checksums)
+and redoes partial ones; an output folder made with other settings is refused, naming them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..config import DATA, Config, pinned_settings
+from ..errors import UserInputError
+from .corpus import CorpusReader
+from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats
+from .shard import ShardTask, read_json, shard_complete, worker_init, write_json, write_shard
+from .vocab import load_vocab, vocab_sha256
+
+log = logging.getLogger(__name__)
+
+SHARD_TARGET_BYTES = 16 << 20
+
+
+# -- orchestration ----------------------------------------------------------------------------------
+def create_pretraining_data(config: Config) -> Manifest:
+    """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
+    start = time.time()
+    config.validate()
+    d, c = config.data, config.corpus
+    if not config.storage.output_dir:
+        raise UserInputError("Setting output_dir is empty: say where the shards go with --output_dir.")
+    if not d.vocab_file:
+        raise UserInputError("Setting vocab_file is empty: pass a vocab.txt (or build one with `tpu-pretrain vocab`).")
+    out = Path(config.storage.output_dir)
+    vocab = load_vocab(d.vocab_file)
+    reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
+    settings = {key: config.get(key) for key in pinned_settings(DATA)}
+    inputs = [{"path": p, "bytes": os.path.getsize(p)} for p in reader.files]
+    if d.num_shards == 0:
+        settings["num_shards"] = auto_num_shards(sum(i["bytes"] for i in inputs))
+    identity = {"format": FORMAT, "settings": settings, "vocab_sha256": vocab_sha256(d.vocab_file), "inputs": inputs}
+    _check_existing(out, identity)
+
+    work = out / WORK_DIR
+    partition = read_json(work / "partition.json")
+    if partition is None or partition["identity"] != identity:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / IDENTITY, identity)
+        partition = _partition(reader, work, settings, identity)
+    if partition["documents"]["train"] == 0:
+        raise UserInputError(
+            f"The corpus ({', '.join(reader.files[:3])}) has no usable line: {partition['corpus_report']}."
+        )
+    tasks = [ShardTask(split, index, count, str(out), str(work), d.vocab_file, settings)
+             for split, count in partition["shard_counts"].items() for index in range(count)]
+    shards = _write_shards(tasks, out, d.workers)
+    manifest = Manifest(settings=settings, vocab_size=len(vocab), vocab_sha256=identity["vocab_sha256"],
+                        inputs=inputs, corpus_report=partition["corpus_report"],
+                        shards=[shards[task.name] for task in tasks], seconds=time.time() - start)
+    write_json(out / MANIFEST, manifest.to_json())
+    if Path(d.vocab_file).resolve() != (out / VOCAB).resolve():
+        shutil.copyfile(d.vocab_file, out / VOCAB)  # the data folder names its own vocab
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _write_shards(tasks: list[ShardTask], out: Path, workers: int) -> dict[str, ShardStats]:
+    """Every shard's statistics: complete shards are verified once and kept, the others (re)written."""
+    shards = {task.name: shard_complete(out, task.name) for task in tasks}
+    pending = [task for task in tasks if shards[task.name] is None]
+    if not pending:
+        return shards
+    workers = min(workers or os.cpu_count() or 1, len(pending))
+    log.info("Writing %d shard(s) with %d worker(s)...", len(pending), workers)
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(tqdm(total=len(pending), unit="shard", desc="shards", disable=None))
+        if workers == 1:
+            written = map(write_shard, pending)
+        else:
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+                workers, initializer=worker_init, initargs=(workers,)))
+            written = pool.imap_unordered(write_shard, pending)
+        for stats in written:
+            shards[stats.file] = stats
+            bar.update()
+    return shards
+
+
+def auto_num_shards(corpus_bytes: int) -> int:
+    """About 16 MB of text a shard, and up to 8 shards (for parallel workers) once the corpus passes 256 KB."""
+    return max(1, min(8, math.ceil(corpus_bytes / (256 << 10))), math.ceil(corpus_bytes / SHARD_TARGET_BYTES))
+
+
+def _check_existing(out: Path, identity: dict) -> None:
+    """Refuse an output folder holding shards made from other settings, naming the differences."""
+    previous = read_json(out / IDENTITY)
+    if previous is None:
+        manifest = read_json(out / MANIFEST)
+        if manifest is not None:
+            previous = {"format": manifest.get("format"), "settings": manifest.get("settings"),
+                        "vocab_sha256": manifest.get("vocab_sha256"), "inputs": manifest.get("inputs")}
+        elif out.is_dir() and any(out.glob("*.tfrecord")):
+            raise UserInputError(
+                f"Output folder '{out}' holds .tfrecord files but no {MANIFEST}: they were not made by this tool "
+                "or by these settings. Use an empty --output_dir."
+            )
+    if previous is None or previous == identity:
+        return
+    differences = []
+    for key, value in identity["settings"].items():
+        old = (previous.get("settings") or {}).get(key)
+        if old != value:
+            differences.append(f"{key}: {old!r} there, {value!r} now")
+    if previous.get("vocab_sha256") != identity["vocab_sha256"]:
+        differences.append("vocab_file: a different vocab")
+    if previous.get("inputs") != identity["inputs"]:
+        differences.append("input: different corpus files or sizes")
+    raise UserInputError(
+        f"Output folder '{out}' holds shards made with other settings ({'; '.join(differences) or 'format'}). "
+        "Use a new --output_dir, or delete that folder to rebuild it; nothing there was changed."
+    )
+
+
+def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict) -> dict:
+    """Pass 1: deal normalised documents into per-shard work files (one sentence a line, blank between)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    num_train = settings["num_shards"]
+    eval_fraction = settings["eval_fraction"]
+    num_eval = math.ceil(num_train * eval_fraction) if eval_fraction > 0 else 0
+    handles = {("train", i): open(work / f"train-{i}.txt", "w", encoding="utf-8") for i in range(num_train)}
+    handles |= {("eval", i): open(work / f"eval-{i}.txt", "w", encoding="utf-8") for i in range(num_eval)}
+    counts = {"train": 0, "eval": 0}
+    chooser = random.Random(settings["random_seed"] ^ 0x5EED)
+    total_bytes = sum(os.path.getsize(f) for f in reader.files)
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="reading corpus", disable=None)
+    try:
+        for doc in reader.documents():
+            bar.update(reader.stats.input_bytes - bar.n)
+            # Held out at random; the second document at the latest, so a small corpus still has an eval set.
+            held_out = chooser.random() < eval_fraction or (counts["eval"] == 0 and counts["train"] >= 1)
+            split = "eval" if num_eval and held_out else "train"
+            handle = handles[(split, counts[split] % (num_eval if split == "eval" else num_train))]
+            handle.write("\n".join(doc))
+            handle.write("\n\n")
+            counts[split] += 1
+    finally:
+        bar.close()
+        for handle in handles.values():
+            handle.close()
+    partition = {
+        "identity": identity,
+        "documents": counts,
+        "shard_counts": {"train": num_train, "eval": num_eval if counts["eval"] else 0},
+        "corpus_report": reader.stats.report(),
+    }
+    write_json(work / "partition.json", partition)
+    log.info("Corpus: %s", partition["corpus_report"])
+    return partition

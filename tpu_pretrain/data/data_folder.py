@@ -1,0 +1,211 @@
+"""The contract of a data folder: what ``create-data`` writes and every reader relies on.
+
+A data folder holds shards named ``train-00000-of-00004.tfrecord`` (and ``eval-...``) in the original
+BERT schema, the ``vocab.txt`` the data was made with, and ``manifest.json``: the settings, the vocab's
+hash, and per shard its documents, tokens, instances, masked tokens, bytes and sha256. This module is
+the one place that names those files, describes the features and parses the manifest; training,
+evaluation and the notebooks ask it rather than reading the files themselves.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import UserInputError
+from .tfrecord import decode_example, read_records
+
+MANIFEST = "manifest.json"
+VOCAB = "vocab.txt"
+IDENTITY = ".identity.json"  # the settings a folder's shards are being made with (before the manifest exists)
+WORK_DIR = ".work"
+FORMAT = "tpu_pretrain.pretraining_data/1"
+TRAIN, EVAL = "train", "eval"
+
+# The original BERT pretraining features: name -> (dtype, length kind); zero padded.
+FEATURES = {
+    "input_ids": ("int64", "seq"),
+    "input_mask": ("int64", "seq"),
+    "segment_ids": ("int64", "seq"),
+    "masked_lm_positions": ("int64", "pred"),
+    "masked_lm_ids": ("int64", "pred"),
+    "masked_lm_weights": ("float32", "pred"),
+    "next_sentence_labels": ("int64", "one"),
+}
+
+
+def feature_shapes(max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple[str, int]]:
+    """``{feature: (dtype, length)}`` for records of these shapes (readers build their parse spec from it)."""
+    lengths = {"seq": max_seq_length, "pred": max_predictions_per_seq, "one": 1}
+    return {name: (dtype, lengths[kind]) for name, (dtype, kind) in FEATURES.items()}
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def shard_stats_name(shard: str) -> str:
+    """The file holding a finished shard's statistics until the manifest takes them over."""
+    return shard + ".json"
+
+
+@dataclass
+class ShardStats:
+    file: str
+    split: str
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    instances: int = 0
+    masked_tokens: int = 0
+    real_tokens: int = 0
+    random_next: int = 0
+    bytes: int = 0
+    sha256: str = ""
+
+
+@dataclass
+class Manifest:
+    settings: dict
+    vocab_size: int
+    vocab_sha256: str
+    inputs: list
+    corpus_report: str
+    shards: list[ShardStats] = field(default_factory=list)
+    format: str = FORMAT
+    seconds: float = 0.0
+
+    def totals(self, split: str) -> dict:
+        keys = ("documents", "sentences", "tokens", "instances", "masked_tokens", "real_tokens", "random_next", "bytes")
+        return {k: sum(getattr(s, k) for s in self.shards if s.split == split) for k in keys}
+
+    def files(self, split: str) -> list[str]:
+        return [s.file for s in self.shards if s.split == split]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["totals"] = {split: self.totals(split) for split in (TRAIN, EVAL)}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Manifest:
+        data = dict(data)
+        data.pop("totals", None)
+        shards = [ShardStats(**s) for s in data.pop("shards")]
+        return cls(shards=shards, **data)
+
+    def summary(self) -> str:
+        lines = []
+        for split in (TRAIN, EVAL):
+            t = self.totals(split)
+            if not self.files(split):
+                continue
+            share = t["masked_tokens"] / max(t["real_tokens"], 1)
+            nsp = t["random_next"] / max(t["instances"], 1)
+            lines.append(
+                f"{split}: {len(self.files(split))} shard(s), {t['documents']} documents, {t['tokens']} tokens, "
+                f"{t['instances']} instances, {t['masked_tokens']} masked ({share:.1%} of real tokens), "
+                f"random next {nsp:.1%}"
+            )
+        lines.append(f"corpus: {self.corpus_report}")
+        lines.append(f"time: {self.seconds:.1f} s")
+        train = self.totals(TRAIN)
+        if not self.settings.get("no_nsp") and train["random_next"] > 0.7 * max(train["instances"], 1):
+            lines.append(
+                f"warning: {train['random_next'] / train['instances']:.0%} of instances have a random next segment "
+                "(about 50% is the aim): most documents hold one sentence, so next-sentence prediction learns "
+                "little. Use --split_sentences for a paragraph-per-line corpus, blank lines or --doc_separator "
+                "between documents, or --no_nsp.")
+        return "\n".join(lines)
+
+
+def read_manifest(data_dir: str | os.PathLike) -> Manifest | None:
+    """The folder's manifest, or None when it has none (data made by another tool)."""
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return Manifest.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise UserInputError(f"{path} is not a manifest this tool can read ({exc}); run create-data again.") from None
+
+
+def load_manifest(data_dir: str | os.PathLike) -> Manifest:
+    manifest = read_manifest(data_dir)
+    if manifest is None:
+        raise UserInputError(f"No {MANIFEST} in '{data_dir}': make the data with `tpu-pretrain create-data` first.")
+    return manifest
+
+
+@dataclass
+class DataInfo:
+    """The shards and shapes of a data folder (from manifest.json, or from the files themselves)."""
+
+    data_dir: str
+    train_files: list[str]
+    eval_files: list[str]
+    max_seq_length: int
+    max_predictions_per_seq: int
+    vocab_size: int | None = None
+    vocab_sha256: str | None = None
+    train_instances: int | None = None
+    eval_instances: int | None = None
+    settings: dict = field(default_factory=dict)
+    train_sha256: list[str] = field(default_factory=list)
+
+    @property
+    def vocab_file(self) -> str | None:
+        """The data's own vocab.txt (create-data puts a copy there), if present."""
+        path = os.path.join(self.data_dir, VOCAB)
+        return path if os.path.isfile(path) else None
+
+
+def read_data_info(data_dir: str) -> DataInfo:
+    """Find the train/eval shards; read their shapes from the manifest, or from the first record."""
+    if not data_dir:
+        raise UserInputError("Set data_dir: the folder written by `tpu-pretrain create-data`.")
+    if not os.path.isdir(data_dir):
+        raise UserInputError(f"data_dir {data_dir} does not exist (run `tpu-pretrain create-data` first).")
+    manifest = read_manifest(data_dir)
+    if manifest is not None:
+        info = _info_from_manifest(data_dir, manifest)
+    else:
+        info = DataInfo(data_dir, sorted(glob.glob(os.path.join(data_dir, "train-*.tfrecord"))),
+                        sorted(glob.glob(os.path.join(data_dir, "eval-*.tfrecord"))), 0, 0)
+    if not info.train_files:
+        raise UserInputError(f"No training shards (train-*.tfrecord) in {data_dir}.")
+    if not info.max_seq_length or not info.max_predictions_per_seq:
+        info.max_seq_length, info.max_predictions_per_seq = record_shapes(info.train_files[0])
+    return info
+
+
+def _info_from_manifest(data_dir: str, manifest: Manifest) -> DataInfo:
+    train = [os.path.join(data_dir, f) for f in manifest.files(TRAIN)]
+    evals = [os.path.join(data_dir, f) for f in manifest.files(EVAL)]
+    missing = [f for f in train + evals if not os.path.isfile(f)]
+    if missing:
+        raise UserInputError(f"{os.path.join(data_dir, MANIFEST)} lists shards that are missing: "
+                             f"{', '.join(missing[:3])}; copy the whole data folder or run create-data again.")
+    settings = manifest.settings
+    return DataInfo(data_dir, train, evals, int(settings.get("max_seq_length") or 0),
+                    int(settings.get("max_predictions_per_seq") or 0), manifest.vocab_size, manifest.vocab_sha256,
+                    manifest.totals(TRAIN)["instances"], manifest.totals(EVAL)["instances"], settings,
+                    [s.sha256 for s in manifest.shards if s.split == TRAIN])
+
+
+def record_shapes(path: str) -> tuple[int, int]:
+    """(max_seq_length, max_predictions_per_seq) of the first record of a shard."""
+    try:
+        first = next(iter(read_records(path)), None)
+    except ValueError as exc:
+        raise UserInputError(f"{path} is not a readable TFRecord file ({exc}).") from None
+    if first is None:
+        raise UserInputError(f"{path} holds no records.")
+    example = decode_example(first)
+    try:
+        return len(example["input_ids"]), len(example["masked_lm_positions"])
+    except KeyError as exc:
+        raise UserInputError(f"{path} is not in the BERT pretraining schema (no {exc}).") from None

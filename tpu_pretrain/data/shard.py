@@ -1,0 +1,228 @@
+"""One shard's work, from its documents to its records: the unit create-data runs in parallel.
+
+A shard depends only on its documents (the work file the partition pass wrote), the settings, the
+seed and its index, so any process, in any order, writes the same bytes. Documents are read back in
+blocks of about ``BLOCK_CHARS`` characters (memory stays bounded), tokenised, turned into instances
+``dupe_factor`` times, masked, shuffled within the block, and written under a temporary name that is
+renamed only when the shard is complete; its statistics then go beside it for the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..storage.local import write_text_atomic
+from .data_folder import ShardStats, shard_name, shard_stats_name
+from .instances import InstanceSpec, RawInstance, Sentence, document_instances, mask_batch
+from .tfrecord import AtomicRecordWriter, encode_examples
+from .vocab import replacement_ids
+
+log = logging.getLogger(__name__)
+
+BLOCK_CHARS = 2 << 20  # characters of documents tokenised and paired at a time (and the random-next pool)
+BATCH = 1024  # instances masked and encoded at a time
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """What a worker needs to write one shard (picklable: it crosses to a spawned process)."""
+
+    split: str
+    index: int
+    count: int
+    out: str
+    work: str
+    vocab_file: str
+    settings: dict
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.split, self.index, self.count)
+
+    @property
+    def work_file(self) -> Path:
+        return Path(self.work) / f"{self.split}-{self.index}.txt"
+
+
+def worker_init(workers: int) -> None:
+    """Share the cores between worker processes (each tokeniser would otherwise take them all)."""
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    os.environ["RAYON_NUM_THREADS"] = threads
+    os.environ["RAYON_RS_NUM_CPUS"] = threads
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
+def write_shard(task: ShardTask) -> ShardStats:
+    """Write one shard atomically and its statistics beside it; return the statistics."""
+    from .tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(task.vocab_file, do_lower_case=task.settings["do_lower_case"])
+    writer = ShardWriter(tokenizer, task.settings, task.split, task.index)
+    stats = ShardStats(file=task.name, split=task.split)
+    record_writer = AtomicRecordWriter(Path(task.out) / task.name)
+    try:
+        for block_number, block in enumerate(read_blocks(task.work_file)):
+            record_writer.write_all(writer.block_records(block, block_number, stats))
+        stats.sha256 = record_writer.close()
+    except BaseException:
+        record_writer.abort()
+        raise
+    stats.bytes = record_writer.bytes
+    write_json(Path(task.out) / shard_stats_name(task.name), asdict(stats))
+    return stats
+
+
+def shard_complete(out: Path, name: str) -> ShardStats | None:
+    """A shard's stats if the shard is complete and matches its recorded checksum."""
+    stats = read_json(out / shard_stats_name(name))
+    path = out / name
+    if stats is None or not path.is_file() or path.stat().st_size != stats["bytes"]:
+        return None
+    if sha256_file(path) != stats["sha256"]:
+        log.warning("Shard %s does not match its checksum; it will be rewritten.", path)
+        return None
+    return ShardStats(**stats)
+
+
+def read_blocks(path: Path) -> Iterator[list[list[str]]]:
+    """Documents of a work file, in blocks of about ``BLOCK_CHARS`` characters."""
+    block: list[list[str]] = []
+    doc: list[str] = []
+    chars = 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.rstrip("\n")
+            if line:
+                doc.append(line)
+                chars += len(line)
+                continue
+            if doc:
+                block.append(doc)
+                doc = []
+                if chars >= BLOCK_CHARS:
+                    yield block
+                    block, chars = [], 0
+    if doc:
+        block.append(doc)
+    if block:
+        yield block
+
+
+class ShardWriter:
+    """Tokenises blocks of documents and turns them into serialised, shuffled pretraining examples."""
+
+    def __init__(self, tokenizer, settings: dict, split: str, index: int):
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.seed = (settings["random_seed"], 0 if split == "train" else 1, index)
+        self.spec = InstanceSpec(
+            max_seq_length=settings["max_seq_length"],
+            max_predictions_per_seq=settings["max_predictions_per_seq"],
+            masked_lm_prob=settings["masked_lm_prob"],
+            short_seq_prob=settings["short_seq_prob"],
+            do_whole_word_mask=settings["do_whole_word_mask"] or settings["chinese_whole_word"],
+            nsp=not settings["no_nsp"],
+            cls_id=tokenizer.cls_id,
+            sep_id=tokenizer.sep_id,
+            mask_id=tokenizer.mask_id,
+            replacement_ids=np.asarray(replacement_ids(tokenizer.inv_vocab), dtype=np.int32),
+        )
+
+    def tokenize_block(self, block: list[list[str]]) -> list[list[Sentence]]:
+        sentences = [s for doc in block for s in doc]
+        if self.settings["chinese_whole_word"]:
+            encoded = chinese_word_continuations(self.tokenizer, sentences)
+        else:
+            ids = self.tokenizer.encode_batch(sentences)
+            is_cont = self.tokenizer.is_continuation
+            encoded = [(a, is_cont[a]) for a in ids]
+        docs, k = [], 0
+        for doc in block:
+            sents = [s for s in encoded[k:k + len(doc)] if len(s[0])]
+            k += len(doc)
+            if sents:
+                docs.append(sents)
+        return docs
+
+    def block_records(self, block: list[list[str]], block_number: int, stats: ShardStats) -> list[bytes]:
+        docs = self.tokenize_block(block)
+        stats.documents += len(docs)
+        stats.sentences += sum(len(d) for d in docs)
+        stats.tokens += sum(len(s[0]) for d in docs for s in d)
+        seed = [*self.seed, block_number]
+        rng = random.Random(hash_seed(seed))
+        np_rng = np.random.Generator(np.random.PCG64(seed))
+        records: list[bytes] = []
+        pending: list[RawInstance] = []
+        for _ in range(self.settings["dupe_factor"]):
+            for doc_index in range(len(docs)):
+                pending.extend(document_instances(docs, doc_index, self.spec, rng))
+                if len(pending) >= BATCH:
+                    records.extend(self._encode(pending, np_rng, stats))
+                    pending = []
+        if pending:
+            records.extend(self._encode(pending, np_rng, stats))
+        rng.shuffle(records)
+        return records
+
+    def _encode(self, instances: list[RawInstance], np_rng, stats: ShardStats) -> list[bytes]:
+        batch = mask_batch(instances, self.spec, np_rng)
+        stats.instances += len(instances)
+        stats.masked_tokens += int(batch["masked_lm_weights"].sum())
+        stats.real_tokens += sum(len(i.tokens_a) + len(i.tokens_b) for i in instances)
+        stats.random_next += int(batch["next_sentence_labels"].sum())
+        return encode_examples(batch)
+
+
+def hash_seed(parts) -> int:
+    return int.from_bytes(hashlib.sha256(repr(list(parts)).encode()).digest()[:8], "little")
+
+
+def chinese_word_continuations(tokenizer, sentences: list[str]) -> list[Sentence]:
+    """Token ids, with a token marked as continuing a word when jieba puts it in the previous token's word."""
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    encodings = tokenizer.backend.encode_batch(sentences, add_special_tokens=False)
+    result = []
+    for text, encoding in zip(sentences, encodings, strict=True):
+        word_of_char = np.zeros(len(text) + 1, dtype=np.int64)
+        position = 0
+        for word_index, word in enumerate(jieba.cut(text)):
+            word_of_char[position:position + len(word)] = word_index
+            position += len(word)
+        starts = np.asarray([start for start, _ in encoding.offsets], dtype=np.int64)
+        words = word_of_char[np.minimum(starts, len(text))]
+        cont = np.zeros(len(starts), dtype=bool)
+        cont[1:] = words[1:] == words[:-1]
+        result.append((np.asarray(encoding.ids, dtype=np.int32), cont))
+    return result
+
+
+# -- small file helpers -----------------------------------------------------------------------------
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def write_json(path: Path, data) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,195 @@
+"""WordPiece vocab files: check an existing ``vocab.txt``, or build one from a corpus.
+
+Building trains SentencePiece on a bounded random sample of the corpus, after BERT's own
+pre-tokenisation (so no piece can span punctuation or a CJK character), and converts the pieces to
+BERT's WordPiece form: word-initial pieces plain, continuation pieces with ``##``. The special tokens
+come first, then ``[unusedN]`` placeholders for later domain tokens, then every character of the sample
+(so nothing seen becomes [UNK]), then the pieces, to exactly the requested size.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserInputError
+from ..storage.local import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
+    """Tokens of a vocab.txt in id order, checked for the special tokens BERT pretraining needs."""
+    path = Path(vocab_file)
+    if not path.is_file():
+        raise UserInputError(f"Vocab file '{path}' does not exist (check --vocab_file).")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise UserInputError(f"Vocab file '{path}' is not UTF-8 text (line {line}); is it a vocab.txt?") from None
+    except OSError as exc:
+        raise UserInputError(f"Vocab file '{path}' cannot be read: {exc}.") from None
+    tokens = text.split("\n")
+    if tokens and tokens[-1] == "":
+        tokens.pop()
+    tokens = [t.rstrip("\r") for t in tokens]
+    if not tokens:
+        raise UserInputError(f"Vocab file '{path}' is empty.")
+    for number, token in enumerate(tokens, 1):
+        if len(token.split()) != 1 or token.strip() != token:
+            raise UserInputError(
+                f"Vocab file '{path}' line {number} is {token!r}: a WordPiece vocab has one token per line, "
+                "no blanks or spaces. Is this a SentencePiece .vocab file? Build a vocab with `tpu-pretrain vocab`."
+            )
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+    if missing:
+        raise UserInputError(
+            f"Vocab file '{path}' lacks the special token(s) {', '.join(missing)} that BERT pretraining needs; "
+            "use a BERT vocab.txt or build one with `tpu-pretrain vocab`."
+        )
+    duplicates = [t for t, n in collections.Counter(tokens).items() if n > 1]
+    if duplicates:
+        raise UserInputError(f"Vocab file '{path}' lists {len(duplicates)} token(s) twice, e.g. {duplicates[0]!r}.")
+    return tokens
+
+
+def replacement_ids(tokens: list[str]) -> list[int]:
+    """Ids masking may draw a "random token" from: never a special token or an [unusedN] placeholder.
+
+    Static masking (create-data) and dynamic masking (training) both draw from this list.
+    """
+    special = set(SPECIAL_TOKENS)
+    return [i for i, t in enumerate(tokens) if t not in special and not t.startswith("[unused")]
+
+
+def vocab_sha256(vocab_file: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(vocab_file).read_bytes()).hexdigest()
+
+
+@dataclass
+class VocabResult:
+    path: str
+    vocab_size: int
+    sample_lines: int
+    characters: int
+    pieces: int
+    unused: int
+    corpus_report: str
+
+    def summary(self) -> str:
+        return (
+            f"Wrote {self.path}: {self.vocab_size} tokens = 5 special + {self.unused} [unusedN] + "
+            f"{self.characters} characters (plain and ##) + {self.pieces} SentencePiece pieces, "
+            f"from a sample of {self.sample_lines} lines.\nCorpus: {self.corpus_report}"
+        )
+
+
+def build_vocab(config) -> VocabResult:
+    """Train SentencePiece on a sample of ``config.corpus.input`` and write a WordPiece vocab.txt."""
+    from .corpus import CorpusReader
+
+    c, v, d = config.corpus, config.vocab, config.data
+    out = Path(d.vocab_file) if d.vocab_file else Path(config.storage.output_dir or ".") / "vocab.txt"
+    reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
+    sample = reader.sample_lines(v.vocab_sample_lines, d.random_seed)
+    if not sample:
+        raise UserInputError(f"The corpus ({', '.join(reader.files[:3])}) has no usable line to build a vocab from.")
+    words_per_line = pretokenize(sample, d.do_lower_case)
+    tokens, n_chars, n_pieces = wordpiece_tokens(words_per_line, v.vocab_size, v.num_unused_tokens,
+                                                 v.sentencepiece_model_type, d.random_seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, "\n".join(tokens) + "\n")
+    unused = sum(t.startswith("[unused") for t in tokens)
+    return VocabResult(str(out), len(tokens), len(sample), n_chars, n_pieces, unused, reader.stats.report())
+
+
+def pretokenize(lines: list[str], do_lower_case: bool) -> list[list[str]]:
+    """BERT's basic tokenisation (Hugging Face implementation): the words WordPiece will later see."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case
+    )
+    pre = pre_tokenizers.BertPreTokenizer()
+    return [[w for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(line))] for line in lines]
+
+
+def wordpiece_tokens(
+    words_per_line: list[list[str]], vocab_size: int, num_unused: int, model_type: str, seed: int
+) -> tuple[list[str], int, int]:
+    """The vocab's tokens: specials, [unusedN], every sample character, then converted pieces."""
+    initial_chars: collections.Counter[str] = collections.Counter()
+    inner_chars: collections.Counter[str] = collections.Counter()
+    for words in words_per_line:
+        for word in words:
+            initial_chars[word[0]] += 1
+            inner_chars.update(word[1:])
+    char_tokens = [ch for ch, _ in initial_chars.most_common()]
+    char_tokens += [ch for ch, _ in inner_chars.most_common() if ch not in initial_chars]
+    char_tokens += ["##" + ch for ch, _ in inner_chars.most_common()]
+    fixed = len(SPECIAL_TOKENS) + num_unused + len(char_tokens)
+    if fixed > vocab_size:
+        raise UserInputError(
+            f"vocab_size={vocab_size} is too small: the sample has {len(char_tokens)} distinct characters and "
+            f"continuation characters, which with 5 special tokens and num_unused_tokens={num_unused} need "
+            f"{fixed}; raise vocab_size to at least {fixed + 1000} or lower num_unused_tokens."
+        )
+    tokens = list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)] + char_tokens
+    seen = set(tokens)
+    pieces = 0
+    for piece in train_sentencepiece(words_per_line, vocab_size, model_type, seed):
+        if len(tokens) >= vocab_size:
+            break
+        if len(piece) == 1:
+            continue  # single characters are already covered, in the forms BERT's splitting allows
+        token = piece[1:] if piece.startswith("\u2581") else "##" + piece
+        if token in ("", "##") or token in seen or "\u2581" in token:
+            continue
+        tokens.append(token)
+        seen.add(token)
+        pieces += 1
+    extra = num_unused
+    while len(tokens) < vocab_size:  # a small corpus has fewer pieces than asked: reserve the rest
+        tokens.append(f"[unused{extra}]")
+        extra += 1
+    return tokens, len(char_tokens), pieces
+
+
+def train_sentencepiece(words_per_line: list[list[str]], vocab_size: int, model_type: str, seed: int) -> list[str]:
+    """SentencePiece pieces, best first, learnt from space-joined pre-tokenised words."""
+    import sentencepiece as spm
+
+    lines = [" ".join(words) for words in words_per_line if words]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        hard_vocab_limit=False,
+        character_coverage=0.9995,
+        normalization_rule_name="identity",
+        split_by_whitespace=True,
+        max_sentence_length=1 << 16,
+        num_threads=os.cpu_count() or 1,
+        input_sentence_size=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        unk_id=0,
+        minloglevel=2,
+    )
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    return [
+        processor.id_to_piece(i)
+        for i in range(processor.get_piece_size())
+        if not (processor.is_unknown(i) or processor.is_control(i))
+    ]

@@ -1,0 +1,103 @@
+"""What the package takes from the process environment, and what it must set there first.
+
+Keras 2 mode: bert4keras needs Keras 2. TensorFlow 2.16+ defaults to Keras 3, and the choice is fixed the first time
+``tf.keras`` is touched, so the environment variables must be set before that. This module has no
+heavy imports: importing :mod:`tpu_pretrain` stays fast for the data-preparation steps.
+
+Overrides: the few environment variables the package reads that are not settings of ``Config`` are
+listed in :data:`ENVIRONMENT_OVERRIDES` and read only through :func:`environment_override`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import metadata
+
+BERT4KERAS_VERSION = "0.11.5"
+
+# Variables that are not settings of Config: each covers a case Config does not (tests, emulators,
+# sign-in); README.md lists them too.
+ENVIRONMENT_OVERRIDES = {
+    "STORAGE_EMULATOR_HOST": "Send Cloud Storage calls to this emulator (http://host:port) without credentials.",
+    "GOOGLE_APPLICATION_CREDENTIALS": "A service-account key file for Cloud Storage (on Kaggle: set from a secret).",
+    "GOOGLE_CLOUD_PROJECT": "The project for Cloud Storage calls when the credentials do not name one.",
+    "TPU_PRETRAIN_GCS_RETRY_SECONDS": "Bound on the client library's retries of one Cloud Storage metadata call "
+                                      "(default 30; uploads and downloads retry on top, transfer_retries times).",
+    "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered (default ~/.cache/tpu_pretrain).",
+}
+
+
+def environment_override(name: str, default: str | None = None) -> str | None:
+    """The value of a documented override variable (see :data:`ENVIRONMENT_OVERRIDES`)."""
+    if name not in ENVIRONMENT_OVERRIDES:
+        raise KeyError(f"{name} is not a documented override; add it to environment.ENVIRONMENT_OVERRIDES")
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+class EnvironmentSetupError(RuntimeError):
+    """The Python environment cannot run bert4keras; the message says how to fix it."""
+
+
+def configure_keras2() -> None:
+    """Select Keras 2 for TensorFlow and bert4keras, or explain why that is no longer possible."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ["TF_KERAS"] = "1"  # bert4keras reads this to use tf.keras instead of standalone keras
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and _keras_major(tf) >= 3:
+        raise EnvironmentSetupError(
+            "TensorFlow was imported in Keras 3 mode before tpu_pretrain, so bert4keras cannot use "
+            "Keras 2 in this process. Fix: import tpu_pretrain before tensorflow (or set "
+            "TF_USE_LEGACY_KERAS=1 and TF_KERAS=1 before anything imports TensorFlow), then restart "
+            "the Python process or notebook kernel."
+        )
+
+
+def _keras_major(tf) -> int:
+    """Major version of the Keras behind ``tf.keras`` (touching it fixes TensorFlow's choice)."""
+    try:
+        layer_module = tf.keras.layers.Layer.__module__
+    except Exception:  # pragma: no cover - tf.keras missing entirely
+        return 3
+    return 2 if layer_module.startswith("tf_keras") else 3
+
+
+def check_dependencies() -> None:
+    """Fail early, with the install command, when tf-keras or bert4keras is missing or mismatched."""
+    problems = []
+    tf_version = installed_version("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
+    tfk_version = installed_version("tf-keras")
+    if tf_version and not tfk_version:
+        problems.append(f"tf-keras is missing: pip install 'tf-keras=={minor_version(tf_version)}.*'")
+    elif tf_version and tfk_version and minor_version(tf_version) != minor_version(tfk_version):
+        problems.append(
+            f"tf-keras {tfk_version} does not match TensorFlow {tf_version}: "
+            f"pip install 'tf-keras=={minor_version(tf_version)}.*'"
+        )
+    b4k_version = installed_version("bert4keras")
+    if b4k_version != BERT4KERAS_VERSION:
+        found = f"bert4keras {b4k_version} is installed" if b4k_version else "bert4keras is missing"
+        problems.append(
+            f"{found}; tpu_pretrain needs {BERT4KERAS_VERSION}: "
+            f"pip install --no-deps 'bert4keras=={BERT4KERAS_VERSION}' (--no-deps because it pins an "
+            "ancient keras)"
+        )
+    if problems:
+        raise EnvironmentSetupError("; ".join(problems))
+
+
+def installed_version(*names: str) -> str | None:
+    """The version of the first of these distributions that is installed, or None."""
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def minor_version(version: str) -> str:
+    """``2.19`` of ``2.19.1``: tf-keras must match TensorFlow to this precision."""
+    return ".".join(version.split(".")[:2])

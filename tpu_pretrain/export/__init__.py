@@ -1,0 +1,13 @@
+"""Using a trained model: rebuild it, evaluate it, fill masks, export it, draw its curves.
+
+- ``rebuild``: a run's (or a released checkpoint's) model with its vocab and casing.
+- ``evaluate``: held-out MLM/NSP figures and ``evaluation.json``.
+- ``fill_mask``: whole-word fill-mask predictions for sentences with ``[MASK]`` slots.
+- ``writers``: the Hugging Face folder and Google's original TF checkpoint.
+- ``plots``: the loss and accuracy curves from the TensorBoard logs.
+"""
+
+# The export formats and the heads a Hugging Face export may carry (here, so the CLI can offer them
+# without importing TensorFlow).
+FORMATS = ("hf", "tf")
+HEADS = ("all", "mlm", "encoder")

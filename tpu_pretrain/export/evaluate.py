@@ -1,0 +1,145 @@
+"""Did pretraining work? Held-out MLM/NSP figures and fill-mask examples for a run's weights.
+
+``evaluate(RUN)`` restores the newest (or a chosen) checkpoint, computes MLM loss, accuracy and
+perplexity and NSP accuracy over the eval shards with the same formulas as training's periodic eval,
+fills ``[MASK]`` slots in sentences the user gives (top k, with probabilities, whole words shown),
+and writes it all to ``RUN/evaluation.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import tensorflow as tf
+
+from ..data.data_folder import read_data_info
+from ..errors import UserInputError
+from ..storage.local import write_text_atomic
+from ..train.input import parse_batch
+from ..train.metrics import add_sums, metrics_from_sums, pretraining_stats
+from ..train.run_folder import RunFolder
+from .fill_mask import fill_mask, format_fill_mask
+from .rebuild import TrainedModel, load_trained_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    """Figures on the eval shards, fill-mask predictions, and which weights they describe."""
+
+    weights: str
+    step: int | None
+    metrics: dict | None
+    eval_examples: int
+    fill_mask: list[dict] = field(default_factory=list)
+    data_dir: str | None = None
+    seconds: float = 0.0
+    path: str | None = None
+
+    def summary(self) -> str:
+        where = f"step {self.step}" if self.step is not None else self.weights
+        lines = [f"Evaluation of {where}"]
+        if self.metrics:
+            m = self.metrics
+            text = (f"  eval ({self.eval_examples} sequences): MLM loss {m['mlm_loss']:.4f}, accuracy "
+                    f"{m['mlm_accuracy']:.4f}, perplexity {m['mlm_perplexity']:.2f}")
+            if "nsp_accuracy" in m:
+                text += f"; NSP accuracy {m['nsp_accuracy']:.4f}"
+            lines.append(text)
+        else:
+            lines.append("  no eval shards: figures skipped" if self.data_dir else
+                         "  no data folder here: held-out figures skipped")
+        lines += [format_fill_mask(item) for item in self.fill_mask]
+        if self.path:
+            lines.append(f"  written to {self.path}")
+        return "\n".join(lines)
+
+
+# -- held-out figures -------------------------------------------------------------------------------
+def eval_sums(trained: TrainedModel, files: list[str], batch_size: int, max_batches: int | None) -> dict:
+    """Summed MLM/NSP statistics over the records of ``files`` (every record, last batch included)."""
+    model, with_nsp = trained.pretraining.model, trained.pretraining.with_nsp
+    seq, pred = trained.max_seq_length, trained.max_predictions_per_seq
+    ds = tf.data.TFRecordDataset(sorted(files)).batch(batch_size)
+    if max_batches:
+        ds = ds.take(max_batches)
+    ds = ds.map(lambda s: parse_batch(s, seq, pred), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+
+    @tf.function
+    def step(batch):
+        outputs = model([batch["input_ids"], batch["segment_ids"], batch["masked_lm_positions"]], training=False)
+        return pretraining_stats(outputs, batch, with_nsp)
+
+    totals: dict = {}
+    for batch in ds:
+        totals = add_sums(totals, step(batch))
+    return totals
+
+
+def held_out_metrics(trained: TrainedModel, data_dir: str, batch_size: int | None,
+                     max_eval_steps: int | None) -> tuple[dict | None, int]:
+    """(metrics, eval sequences read) on a data folder's eval shards; (None, 0) when there are none."""
+    info = read_data_info(data_dir)
+    if (info.max_seq_length, info.max_predictions_per_seq) != (trained.max_seq_length,
+                                                               trained.max_predictions_per_seq):
+        raise UserInputError(f"The data in {data_dir} has max_seq_length={info.max_seq_length}, "
+                             f"max_predictions_per_seq={info.max_predictions_per_seq}; the run was trained on "
+                             f"{trained.max_seq_length}, {trained.max_predictions_per_seq}.")
+    if not info.eval_files:
+        log.warning("%s has no eval shards (create-data --eval_fraction): figures skipped.", data_dir)
+        return None, 0
+    t = trained.config.train if trained.config else None
+    batch = batch_size or (t.eval_batch_size or t.train_batch_size if t else 32)
+    steps = (t.max_eval_steps if t else 100) if max_eval_steps is None else max_eval_steps
+    sums = eval_sums(trained, info.eval_files, batch, steps or None)
+    examples = int(sums.get("examples", 0))
+    return (metrics_from_sums(sums) if examples else None), examples
+
+
+# -- the whole evaluation -------------------------------------------------------------------------------
+def evaluate(run_dir: str | os.PathLike, checkpoint: str | None = None, *, sentences=(), top_k: int = 5,
+             data_dir: str | None = None, max_eval_steps: int | None = None, eval_batch_size: int | None = None,
+             output: str | os.PathLike | None = None, trained: TrainedModel | None = None) -> EvalResult:
+    """Evaluate a run's newest (or the given) weights on its eval shards; fill masks; write evaluation.json.
+
+    ``data_dir``, ``max_eval_steps`` and ``eval_batch_size`` default to the run's configuration;
+    ``max_eval_steps=0`` reads every eval record. A run brought to a new runtime without its data
+    folder still gets its fill-mask predictions (the figures are skipped, saying so).
+    """
+    started = time.perf_counter()
+    trained = trained or load_trained_model(run_dir, checkpoint)
+    configured = trained.config.storage.data_dir if trained.config else None
+    data_dir = data_dir or configured
+    metrics, examples = None, 0
+    if data_dir and not data_dir.startswith("gs://") and not os.path.isdir(data_dir) and data_dir == configured:
+        log.warning("The run's data folder %s is not on this machine: held-out figures skipped (pass --data_dir "
+                    "with a local copy of the data to compute them).", data_dir)
+        data_dir = None
+    if data_dir:
+        metrics, examples = held_out_metrics(trained, data_dir, eval_batch_size, max_eval_steps)
+    result = EvalResult(trained.weights, trained.step, metrics, examples,
+                        fill_mask(trained, list(sentences), top_k) if sentences else [],
+                        str(data_dir) if data_dir else None)
+    result.seconds = time.perf_counter() - started
+    if output is None and trained.run_dir:
+        output = RunFolder(trained.run_dir).evaluation_file
+    if output is not None:
+        result.path = str(output)
+        write_text_atomic(output, json.dumps(_jsonable(asdict(result)), indent=2, ensure_ascii=False) + "\n")
+    return result
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,100 @@
+"""Loss and accuracy curves of a run, read from its TensorBoard logs and drawn with matplotlib.
+
+For a PNG next to the run (``plot_run(RUN)`` writes ``RUN/plots/curves.png``) and for a notebook
+cell (``show_run(RUN)`` displays it inline), without TensorBoard itself: the event files are
+TFRecords of ``Event`` protos, read here directly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import UserInputError
+from ..train.run_folder import RunFolder
+
+# Panels: title and the scalar tags drawn in it (each for train and eval where present).
+PANELS = (("Loss", ("loss", "mlm_loss", "nsp_loss")),
+          ("MLM accuracy", ("mlm_accuracy",)),
+          ("NSP accuracy", ("nsp_accuracy",)))
+
+
+def read_scalars(run_dir: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{"train": {tag: [(step, value), ...]}, "eval": {...}}`` from ``RUN/logs/<split>/events.*``.
+
+    Later events for the same step win, so a resumed run's repeated steps are not drawn twice.
+    """
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    logs = RunFolder(run_dir).logs
+    if not logs.is_dir():
+        raise UserInputError(f"{run_dir} has no logs/ folder: no TensorBoard scalars to plot yet.")
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for split_dir in sorted(p for p in logs.iterdir() if p.is_dir()):
+        tags: dict[str, dict[int, float]] = {}
+        for path in sorted(split_dir.glob("events.out.tfevents.*"), key=os.path.getmtime):
+            for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+                event = event_pb2.Event.FromString(raw)
+                for value in event.summary.value:
+                    if value.HasField("tensor"):
+                        number = float(tf.make_ndarray(value.tensor))
+                    elif value.HasField("simple_value"):
+                        number = float(value.simple_value)
+                    else:
+                        continue
+                    tags.setdefault(value.tag, {})[int(event.step)] = number
+        out[split_dir.name] = tags
+    return {split: {tag: sorted(points.items()) for tag, points in tags.items()} for split, tags in out.items()}
+
+
+def plot_scalars(scalars: dict, title: str = ""):
+    """A matplotlib Figure with one panel per quantity present (loss, MLM accuracy, NSP accuracy)."""
+    from matplotlib.figure import Figure
+
+    panels = [(name, tags) for name, tags in PANELS
+              if any(tag in split for split in scalars.values() for tag in tags)]
+    if not panels:
+        raise UserInputError("No loss or accuracy scalars in the logs yet.")
+    fig = Figure(figsize=(5.0 * len(panels), 4.0), layout="constrained")
+    styles = {"train": dict(linestyle="-", alpha=0.8), "eval": dict(linestyle="--", marker="o", markersize=4)}
+    for i, (name, tags) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for n, tag in enumerate(tags):  # one colour per quantity: train solid, eval dashed
+            for split in ("train", "eval"):
+                points = scalars.get(split, {}).get(tag)
+                if not points:
+                    continue
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, label=f"{split} {tag}", color=f"C{n}", **styles[split])
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        if "accuracy" in name.lower():
+            ax.set_ylim(bottom=0)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def run_figure(run_dir: str | os.PathLike):
+    """The matplotlib Figure of a run's curves (train solid, eval dashed)."""
+    return plot_scalars(read_scalars(run_dir), title=Path(run_dir).resolve().name)
+
+
+def plot_run(run_dir: str | os.PathLike, output: str | os.PathLike | None = None, dpi: int = 110) -> Path:
+    """Draw a run's curves to a PNG (default ``RUN/plots/curves.png``) and return its path."""
+    output = Path(output) if output else RunFolder(run_dir).curves_file
+    output.parent.mkdir(parents=True, exist_ok=True)
+    run_figure(run_dir).savefig(output, dpi=dpi)
+    return output
+
+
+def show_run(run_dir: str | os.PathLike, output: str | os.PathLike | None = None) -> Path:
+    """In a notebook: draw the curves inline (the PNG is saved as :func:`plot_run` does)."""
+    from IPython.display import Image, display
+
+    path = plot_run(run_dir, output)
+    display(Image(filename=str(path)))
+    return path

@@ -1,0 +1,176 @@
+"""Export a trained model for use elsewhere: a Hugging Face folder, or Google's original TF checkpoint.
+
+Both formats start from one dict of weights under Google's BERT names (bert4keras's
+``variable_mapping``, as the import uses); the renaming both ways lives in :mod:`..train.weights`, so
+an export imports back unchanged. Neither writer needs torch, transformers or a TF1 session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from ..data.tokenization import load_tokenizer
+from ..errors import UserInputError
+from ..train.bert_config import BertConfig
+from ..train.model import PretrainingModel
+from ..train.run_folder import RunFolder
+from ..train.weights import google_to_huggingface, google_weights, write_safetensors
+from . import FORMATS, HEADS
+from .rebuild import TrainedModel, load_trained_model
+
+
+# -- Hugging Face folder ----------------------------------------------------------------------------
+def huggingface_config(config: BertConfig, architecture: str) -> dict:
+    """A transformers ``config.json`` for BERT."""
+    return {
+        "architectures": [architecture],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,
+        "hidden_dropout_prob": config.hidden_dropout_prob,
+        "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+
+
+SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]"}
+
+
+def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, model_max_length: int) -> None:
+    """vocab.txt, tokenizer.json (fast), tokenizer_config.json and special_tokens_map.json, for AutoTokenizer."""
+    from tokenizers import processors
+
+    shutil.copyfile(vocab_file, folder / "vocab.txt")
+    tokenizer = load_tokenizer(vocab_file, do_lower_case)
+    backend = tokenizer.backend
+    backend.add_special_tokens(list(SPECIALS.values()))  # "[MASK]" typed in text stays one token
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)])
+    backend.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
+              "tokenize_chinese_chars": True, "do_basic_tokenize": True, "model_max_length": model_max_length,
+              "clean_up_tokenization_spaces": False, **SPECIALS}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
+
+
+def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
+                       do_lower_case: bool = True, heads: str = "all", skip=()) -> Path:
+    """A Hugging Face BERT folder; ``heads`` picks the class that loads it without missing/unused weights.
+
+    ``all``: MLM head (+ pooler and NSP head if trained) for ``BertForPreTraining`` (``BertForMaskedLM``
+    without NSP); ``mlm``: MLM head only, for ``BertForMaskedLM``; ``encoder``: for ``BertModel``.
+    The MLM decoder is tied to the word embeddings, so (as transformers itself saves it) only its bias
+    is stored, as ``cls.predictions.bias``. Weights named in ``skip`` (never trained: a head that the
+    imported checkpoint lacked) are left out rather than exported as if they were learnt.
+    """
+    if heads not in HEADS:
+        raise UserInputError(f"heads={heads!r}: choose one of {', '.join(HEADS)}.")
+    weights = google_to_huggingface(google_weights(pretraining, skip))
+    if heads == "mlm" and "cls.predictions.bias" not in weights:
+        raise UserInputError("heads=mlm: this model has no trained MLM head; export heads=encoder.")
+    if heads == "mlm":
+        weights = {k: v for k, v in weights.items() if not k.startswith(("bert.pooler.", "cls.seq_relationship."))}
+    elif heads == "encoder":
+        weights = {k: v for k, v in weights.items() if not k.startswith("cls.")}
+    if not any(k.startswith("cls.predictions.") for k in weights):
+        architecture = "BertModel"
+    elif "cls.seq_relationship.weight" in weights:
+        architecture = "BertForPreTraining"
+    else:
+        architecture = "BertForMaskedLM"
+
+    def write(folder: Path) -> None:
+        write_safetensors(folder / "model.safetensors", weights, {"format": "pt"})
+        (folder / "config.json").write_text(
+            json.dumps(huggingface_config(pretraining.config, architecture), indent=2) + "\n")
+        write_tokenizer_files(folder, vocab_file, do_lower_case, pretraining.config.max_position_embeddings)
+
+    return _write_folder(output_dir, write)
+
+
+# -- Google's original TF checkpoint ------------------------------------------------------------------
+def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
+    """A name-based TF checkpoint (``.index`` + ``.data``) with exactly these variable names, in eager mode."""
+    names = sorted(weights)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(weights[n], tf.float32) for n in names])
+    name = os.path.basename(prefix)
+    Path(prefix).with_name("checkpoint").write_text(
+        f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+
+
+def export_tf_checkpoint(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
+                         skip=()) -> Path:
+    """``bert_model.ckpt``, ``bert_config.json`` and ``vocab.txt`` as in Google's BERT releases."""
+    weights = google_weights(pretraining, skip)
+
+    def write(folder: Path) -> None:
+        write_tf_checkpoint(str(folder / "bert_model.ckpt"), weights)
+        pretraining.config.to_json_file(folder / "bert_config.json")
+        shutil.copyfile(vocab_file, folder / "vocab.txt")
+
+    return _write_folder(output_dir, write)
+
+
+def _write_folder(output_dir: str | os.PathLike, write) -> Path:
+    """Write into a sibling temporary folder, then swap it in: a reader never sees half an export."""
+    out = Path(output_dir)
+    if "://" in str(output_dir):
+        raise UserInputError(f"{output_dir}: export to a local folder, then `tpu-pretrain upload` it.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# -- runs ----------------------------------------------------------------------------------------------
+def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.PathLike | None = None,
+           checkpoint: str | None = None, heads: str = "all", trained: TrainedModel | None = None) -> Path:
+    """Export a run (newest or chosen weights) or convert a Google/HF checkpoint: ``export(RUN, "hf")``.
+
+    The default destination is ``RUN/export/hf`` or ``RUN/export/tf``; a checkpoint that is not a run
+    needs ``output_dir``.
+    """
+    if format not in FORMATS:
+        raise UserInputError(f"format={format!r}: choose hf (Hugging Face) or tf (Google's original checkpoint).")
+    if output_dir is None:
+        if not RunFolder(source).is_run():
+            raise UserInputError(f"{source} is not a run folder: say where the export goes (--output).")
+        output_dir = RunFolder(source).export_dir(format)
+    trained = trained or load_trained_model(source, checkpoint)
+    if format == "hf":
+        return export_huggingface(trained.pretraining, output_dir, trained.vocab_file, trained.do_lower_case, heads,
+                                  skip=trained.untrained)
+    return export_tf_checkpoint(trained.pretraining, output_dir, trained.vocab_file, skip=trained.untrained)

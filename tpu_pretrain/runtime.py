@@ -1,0 +1,48 @@
+"""Where this process runs: Colab, Kaggle or elsewhere, and whether the machine is a TPU VM.
+
+One set of rules for every part that cares (Drive mounting, the session deadline, the notebooks, the
+choice of accelerator). It reads only the environment and the file system and never imports
+TensorFlow, so it can answer before TensorFlow is installed or configured.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+COLAB, KAGGLE, LOCAL = "colab", "kaggle", "local"
+
+# Variables a TPU VM's runtime sets (Colab: COLAB_TPU_ADDR on the old TPU nodes, TPU_ACCELERATOR_TYPE on
+# TPU VMs; Kaggle's v5e-8: ISTPUVM=1 and TPU_PROCESS_ADDRESSES=local; Cloud TPU VMs: TPU_NAME...).
+TPU_ENVIRONMENT = ("TPU_ACCELERATOR_TYPE", "ISTPUVM", "TPU_PROCESS_ADDRESSES", "TPU_WORKER_ID", "TPU_NAME",
+                   "COLAB_TPU_ADDR", "KAGGLE_TPU")
+
+
+def in_colab() -> bool:
+    """A Google Colab runtime (its variables, its module, or its sample-data folder)."""
+    return ("google.colab" in sys.modules or any(k in os.environ for k in ("COLAB_RELEASE_TAG", "COLAB_GPU"))
+            or Path("/content/sample_data").is_dir())
+
+
+def in_kaggle() -> bool:
+    """A Kaggle notebook (its variables or its working folder)."""
+    variables = ("KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE")
+    return any(k in os.environ for k in variables) or Path("/kaggle/working").is_dir()
+
+
+def runtime() -> str:
+    """``"colab"``, ``"kaggle"`` or ``"local"`` (any other Jupyter, or a script)."""
+    if in_colab():
+        return COLAB
+    if in_kaggle():
+        return KAGGLE
+    return LOCAL
+
+
+def tpu_vm_present() -> bool:
+    """True on a TPU VM (TPU device files or the runtime's variables), whatever TensorFlow can see."""
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return True
+    return any(os.environ.get(k) for k in TPU_ENVIRONMENT)

@@ -1,0 +1,108 @@
+"""Find the accelerator (TPU VM, GPUs, CPU) and return its tf.distribute strategy and precision.
+
+A TPU is connected through :mod:`.tpu`, which also says exactly what is wrong when it cannot be used.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from ..runtime import tpu_vm_present
+from .tpu import AcceleratorError, connect_tpu
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Accelerator:
+    """What we train on and how: the strategy, mixed-precision policy and compilation choices."""
+
+    kind: str  # "tpu", "gpu" or "cpu"
+    strategy: tf.distribute.Strategy
+    precision: str = "float32"  # "float32", "bfloat16" or "float16"
+    jit_compile: bool = False
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def policy_name(self) -> str:
+        return {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}[self.precision]
+
+    def default_steps_per_execution(self) -> int:
+        """Many steps per host call on TPU (host round trips dominate), a few on GPU, 1 on CPU."""
+        return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
+
+    def describe(self) -> str:
+        return (f"{self.kind.upper()}: {self.num_replicas} replica(s), {self.precision}, "
+                f"XLA {'on' if self.jit_compile else 'off'}")
+
+
+def gpu_supports_float16(gpus) -> bool:
+    """float16 tensor cores need compute capability 7.0+ (T4: 7.5, V100: 7.0; P100: 6.0)."""
+    for gpu in gpus:
+        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        if not capability or tuple(capability) < (7, 0):
+            return False
+    return bool(gpus)
+
+
+def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_compile: str = "auto",
+                       tpu_name: str = "local") -> Accelerator:
+    """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in."""
+    strategy, kind, devices = None, None, []
+    if requested == "tpu" or (requested == "auto" and tpu_vm_present()):
+        strategy, kind = connect_tpu(tpu_name), "tpu"
+        devices = [d.name for d in tf.config.list_logical_devices("TPU")]
+    if strategy is None and requested in ("auto", "gpu"):
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+            strategy, kind = tf.distribute.MirroredStrategy(devices), "gpu"
+        elif requested == "gpu":
+            raise AcceleratorError("accelerator=gpu but TensorFlow sees no GPU. On Colab/Kaggle pick a GPU "
+                                   "runtime (T4); locally install a CUDA build of TensorFlow "
+                                   "(pip install 'tensorflow[and-cuda]'). Or use --accelerator auto.")
+    if strategy is None:
+        cpus = tf.config.list_logical_devices("CPU")
+        if len(cpus) > 1:  # several logical CPUs (tests) mimic several cores
+            strategy = tf.distribute.MirroredStrategy([d.name for d in cpus])
+        else:
+            strategy = tf.distribute.get_strategy()
+        kind, devices = "cpu", [d.name for d in cpus]
+    if precision == "auto":
+        if kind == "tpu":
+            precision = "bfloat16"
+        elif kind == "gpu" and gpu_supports_float16(tf.config.list_physical_devices("GPU")):
+            precision = "float16"
+        else:
+            precision = "float32"
+    jit = {"on": True, "off": False}.get(jit_compile, kind in ("tpu", "gpu"))
+    acc = Accelerator(kind, strategy, precision, jit, devices)
+    log.info("Accelerator: %s", acc.describe())
+    return acc
+
+
+def set_precision_policy(accelerator: Accelerator) -> None:
+    """Set the global Keras mixed-precision policy before the model is built (float32 stays float32)."""
+    tf.keras.mixed_precision.set_global_policy(accelerator.policy_name)
+
+
+def matmul_peak_flops(n: int = 2048, dtype=tf.float32, seconds: float = 2.0) -> float:
+    """Measured FLOP/s of a large n x n matmul: the practical peak the MFU is stated against."""
+    import time
+
+    a = tf.random.normal([n, n], dtype=dtype)
+    b = tf.random.normal([n, n], dtype=dtype)
+    matmul = tf.function(lambda x, y: tf.reduce_sum(tf.matmul(x, y)))
+    matmul(a, b).numpy()
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        matmul(a, b).numpy()
+        runs += 1
+    return 2.0 * n**3 * runs / (time.perf_counter() - start)

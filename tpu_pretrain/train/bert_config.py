@@ -1,0 +1,111 @@
+"""The shape of a BERT (Google's ``bert_config.json``), and how a run picks it.
+
+Pure Python (no TensorFlow): the run folder, the exports and any backend read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from ..errors import UserInputError
+from ..storage.local import write_text_atomic
+
+# Google's BERT miniatures (github.com/google-research/bert) plus base and large: (layers, hidden).
+NAMED_SIZES: dict[str, tuple[int, int]] = {
+    f"L{layers}-H{hidden}": (layers, hidden)
+    for layers in (2, 4, 6, 8, 10, 12)
+    for hidden in (128, 256, 512, 768)
+}
+NAMED_SIZES["L24-H1024"] = (24, 1024)
+SIZE_ALIASES = {"tiny": "L2-H128", "mini": "L4-H256", "small": "L4-H512", "medium": "L8-H512",
+                "base": "L12-H768", "large": "L24-H1024"}
+
+
+@dataclass
+class BertConfig:
+    """The fields of Google's ``bert_config.json`` (also read from a Hugging Face ``config.json``)."""
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_dict(cls, values: dict) -> BertConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise UserInputError(f"bert_config_file {path} does not exist.")
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserInputError(f"bert_config_file {path} is not valid JSON: {exc}") from None
+        if "vocab_size" not in values:
+            raise UserInputError(f"bert_config_file {path} has no vocab_size; is it a BERT config?")
+        return cls.from_dict(values)
+
+    def to_json_file(self, path: str | os.PathLike) -> None:
+        write_text_atomic(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+
+
+def bert_config_for_size(model_size: str, vocab_size: int, max_position_embeddings: int = 512) -> BertConfig:
+    """A named size (``L4-H256``, ``base``...) as a BertConfig: 64-wide heads, 4x FFN, as Google's."""
+    name = SIZE_ALIASES.get(model_size.lower(), model_size.upper())
+    if name not in NAMED_SIZES:
+        raise UserInputError(
+            f"model_size {model_size!r} is unknown; use one of {', '.join(NAMED_SIZES)} or "
+            f"{', '.join(SIZE_ALIASES)}, or give bert_config_file."
+        )
+    layers, hidden = NAMED_SIZES[name]
+    return BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
+                      max_position_embeddings=max_position_embeddings)
+
+
+def checkpoint_bert_config(init_checkpoint: str) -> BertConfig | None:
+    """The config shipped next to a checkpoint (Google ``bert_config.json`` or HF ``config.json``)."""
+    folder = Path(init_checkpoint)
+    folder = folder if folder.is_dir() else folder.parent
+    for name in ("bert_config.json", "config.json"):
+        if (folder / name).is_file():
+            return BertConfig.from_json_file(folder / name)
+    return None
+
+
+def resolve_bert_config(*, model_size: str = "", bert_config_file: str = "", init_checkpoint: str = "",
+                        vocab_size: int | None = None, max_position_embeddings: int = 512,
+                        hidden_dropout_prob: float = -1.0) -> BertConfig:
+    """Pick the model's shape: bert_config_file, else the init checkpoint's config, else model_size."""
+    if bert_config_file:
+        config = BertConfig.from_json_file(bert_config_file)
+    elif init_checkpoint and checkpoint_bert_config(init_checkpoint):
+        config = checkpoint_bert_config(init_checkpoint)
+    elif model_size:
+        if not vocab_size:
+            raise UserInputError("model_size needs the vocab size: give vocab_file or a data_dir with a "
+                                 "manifest.json.")
+        config = bert_config_for_size(model_size, vocab_size, max_position_embeddings)
+    else:
+        raise UserInputError("Say which model to build: --model_size (e.g. L4-H256) or --bert_config_file.")
+    if vocab_size and config.vocab_size != vocab_size:
+        raise UserInputError(
+            f"The model's vocab_size is {config.vocab_size} but the data/vocab has {vocab_size} tokens: "
+            "use the vocab.txt the model was trained with (create-data --vocab_file) or a matching config."
+        )
+    if hidden_dropout_prob >= 0:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = hidden_dropout_prob
+    return config

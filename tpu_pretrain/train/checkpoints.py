@@ -1,0 +1,276 @@
+"""Checkpoints that survive disconnects: atomic local writes, verified restore, pruning.
+
+A checkpoint is a folder ``checkpoints/ckpt-000001000/`` holding TensorFlow's files and a
+``checkpoint.json`` that lists each file's size and CRC32C. It is written under a temporary name and
+renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a reader never
+sees half a checkpoint. On start, the newest checkpoint whose files match their recorded sizes and
+checksums is restored (fetched from the mirror first when the mirror's is newer: see :mod:`.mirror`);
+a truncated or missing file makes it fall back to the previous one, with a warning naming it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import UserInputError
+from ..formatting import human_bytes
+from ..storage.checksums import crc32c_file
+from ..storage.drive import SAFETY_MARGIN
+from ..storage.local import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+PREFIX = "ckpt-"
+MANIFEST = "checkpoint.json"
+POINTER = "latest"
+TF_PREFIX = "state"  # TensorFlow writes state.index and state.data-*
+
+
+class CheckpointError(UserInputError):
+    """A checkpoint cannot be written or used; the message names it and what to do."""
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: str
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/"))
+
+    @property
+    def tf_prefix(self) -> str:
+        return os.path.join(self.path, TF_PREFIX)
+
+
+class Mirror(Protocol):
+    """Where checkpoints are copied in the background (:class:`.mirror.CheckpointMirror`)."""
+
+    def schedule(self) -> None: ...
+
+    def newest_step(self) -> int | None: ...
+
+    def fetch(self, name: str, destination: Path) -> None: ...
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:09d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint folder's name, or None for anything else."""
+    if not name.startswith(PREFIX):
+        return None
+    try:
+        return int(name[len(PREFIX):])
+    except ValueError:
+        return None
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[CheckpointInfo]:
+    """The checkpoint folders in ``directory``, newest first (not yet verified)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [CheckpointInfo(step, str(path)) for path in directory.iterdir()
+             if (step := step_of(path.name)) is not None and path.is_dir()]
+    return sorted(found, key=lambda c: -c.step)
+
+
+def verify(info: CheckpointInfo) -> str | None:
+    """Why a local checkpoint is unusable (missing, truncated or corrupt file), or None if it is whole."""
+    manifest_path = Path(info.path) / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return f"{manifest_path} is missing or unreadable"
+    for name, expected in manifest["files"].items():
+        path = Path(info.path) / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != expected["bytes"]:
+            return f"{path} has {path.stat().st_size} bytes, {expected['bytes']} were written"
+        if crc32c_file(path) != expected["crc32c"]:
+            return f"{path} does not match its CRC32C"
+    info.metadata = manifest.get("metadata", {})
+    return None
+
+
+def find_checkpoint(directory: str | os.PathLike, step: int | None = None) -> CheckpointInfo:
+    """A whole checkpoint in ``directory``: the newest, or the one at ``step`` (for evaluate and export)."""
+    for info in list_checkpoints(directory):
+        if step is not None and info.step != step:
+            continue
+        problem = verify(info)
+        if problem is None:
+            return info
+        log.warning("Skipping checkpoint %s: %s.", info.path, problem)
+    which = f"at step {step}" if step is not None else "that is whole"
+    raise CheckpointError(f"No checkpoint {which} in {directory}.")
+
+
+def estimate_bytes(checkpoint) -> int:
+    """Bytes the variables of a ``tf.train.Checkpoint`` take on disk, plus room for TensorFlow's index."""
+    import tensorflow as tf
+
+    variables = {id(v): v for v in tf.train.TrackableView(checkpoint).descendants() if isinstance(v, tf.Variable)}
+    return sum(v.shape.num_elements() * v.dtype.size for v in variables.values()) + 64 * 1024
+
+
+class CheckpointManager:
+    """Saves, lists, prunes and restores the checkpoints in one folder; a mirror copies them away."""
+
+    def __init__(self, directory: str | os.PathLike, checkpoint, *, keep_max: int = 5, mirror: Mirror | None = None,
+                 safety_margin: int = SAFETY_MARGIN):
+        self.directory = Path(directory)
+        self.checkpoint = checkpoint
+        self.keep_max = keep_max
+        self.mirror = mirror
+        self.safety_margin = safety_margin
+
+    # -- writing ----------------------------------------------------------------------------------
+    def save(self, step: int, metadata: dict | None = None) -> CheckpointInfo:
+        """Write the checkpoint for ``step`` atomically, prune old ones, and start mirroring it."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
+        needed = estimate_bytes(self.checkpoint)
+        self._check_space(step, needed)
+        name = checkpoint_name(step)
+        final = self.directory / name
+        tmp = self.directory / f".{name}.tmp-{os.getpid()}"
+        started = time.perf_counter()
+        try:
+            manifest = self._write(tmp, step, metadata or {})
+            if final.exists():  # the same step saved again after a resume: replace it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.directory)
+            write_text_atomic(self.directory / POINTER, name + "\n")
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if _is_disk_full(exc):
+                raise CheckpointError(
+                    f"The disk under {self.directory} filled up while saving the checkpoint for step {step} "
+                    f"({human_bytes(needed)} needed). The partial files were removed; the earlier checkpoints are "
+                    "intact. Free space and start again to resume.") from None
+            raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("Saved checkpoint %s (%s) in %.1f s.", final, human_bytes(needed), time.perf_counter() - started)
+        self._prune()
+        if self.mirror is not None:
+            self.mirror.schedule()
+        return CheckpointInfo(step, str(final), manifest["metadata"])
+
+    def _check_space(self, step: int, needed: int) -> None:
+        free = shutil.disk_usage(self.directory).free
+        if needed + self.safety_margin > free:
+            raise CheckpointError(
+                f"Not enough space to save the checkpoint for step {step} in {self.directory}: it needs about "
+                f"{human_bytes(needed)} (+{human_bytes(self.safety_margin)} margin) but {human_bytes(free)} is free. "
+                f"Free at least {human_bytes(needed + self.safety_margin - free)} (lower keep_checkpoint_max, delete "
+                "old files) and start again: training resumes from the newest checkpoint, which is intact.")
+
+    def _write(self, folder: Path, step: int, metadata: dict) -> dict:
+        """TensorFlow's files, then the manifest of their sizes and checksums, each synced to disk."""
+        folder.mkdir()
+        self.checkpoint.write(str(folder / TF_PREFIX))
+        files = {}
+        for path in sorted(folder.iterdir()):
+            files[path.name] = {"bytes": path.stat().st_size, "crc32c": crc32c_file(path)}
+            _fsync(path)
+        manifest = {"step": step, "time": time.time(), "files": files, "metadata": metadata}
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        _fsync(folder / MANIFEST)
+        return manifest
+
+    def _remove_stale_temporaries(self) -> None:
+        for path in self.directory.glob(f".{PREFIX}*.tmp-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _prune(self) -> None:
+        names = sorted(p.name for p in self.directory.iterdir() if step_of(p.name) is not None)
+        for name in names[:-self.keep_max]:
+            shutil.rmtree(self.directory / name, ignore_errors=True)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def local_checkpoints(self) -> list[CheckpointInfo]:
+        """Local checkpoints, newest first (not yet verified)."""
+        return list_checkpoints(self.directory)
+
+    def newest_valid(self) -> CheckpointInfo | None:
+        """The newest whole checkpoint, fetching it from the mirror when the mirror's is newer."""
+        local = self.local_checkpoints()
+        remote_step = self.mirror.newest_step() if self.mirror is not None else None
+        if remote_step is not None and (not local or remote_step > local[0].step):
+            self._fetch(remote_step)
+            local = self.local_checkpoints()
+        for info in local:
+            problem = verify(info)
+            if problem is None:
+                return info
+            log.warning("Skipping checkpoint %s: %s. Falling back to an earlier one.", info.path, problem)
+        return None
+
+    def _fetch(self, step: int) -> None:
+        name = checkpoint_name(step)
+        tmp = self.directory / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            self.mirror.fetch(name, tmp)
+            os.replace(tmp, self.directory / name)
+        except Exception as exc:  # the mirror is a fallback: a failure here is not fatal
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("Could not fetch checkpoint %s from the mirror: %s", name, exc)
+
+    def restore_latest(self) -> CheckpointInfo | None:
+        """Restore the newest whole checkpoint into the tracked objects; None when there is none."""
+        while True:
+            info = self.newest_valid()
+            if info is None:
+                return None
+            try:
+                self.checkpoint.read(info.tf_prefix).assert_existing_objects_matched()
+                return info
+            except (ValueError, AssertionError) as exc:
+                raise CheckpointError(
+                    f"Checkpoint {info.path} does not fit the model being built ({str(exc).splitlines()[0]}). "
+                    "The run's configuration changed in a way that changes the model; use a new output_dir."
+                ) from None
+            except Exception as exc:  # unreadable despite matching checksums: fall back
+                log.warning("Skipping checkpoint %s: TensorFlow cannot read it (%s).", info.path, exc)
+                shutil.rmtree(info.path, ignore_errors=True)
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT from Python, or TensorFlow's ResourceExhaustedError for the same condition."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync(path)
+    except OSError:  # pragma: no cover - some filesystems (Drive's FUSE) refuse directory fsync
+        pass

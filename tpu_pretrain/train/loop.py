@@ -1,0 +1,263 @@
+"""``train()``: resume, train until the next boundary, do the boundary's work (log, evaluate, save), stop.
+
+Checkpoints are saved every ``save_checkpoints_steps``, at the end, and before stopping for the
+session deadline or SIGTERM/SIGINT; starting again in the same folder continues exactly: the same
+weights, optimizer state, step and input position, so the run neither repeats nor skips an example.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from ..config import Config
+from ..errors import UserInputError
+from ..formatting import hms
+from .checkpoints import CheckpointManager
+from .metrics import format_metrics
+from .mirror import CheckpointMirror
+from .run_folder import RunFolder, run_identity
+from .session import SessionGuard, session_deadline
+from .trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a run did: steps, the loss curve, eval figures before and after, and throughput."""
+
+    output_dir: str
+    steps: int
+    history: list[dict] = field(default_factory=list)
+    initial_eval: dict | None = None
+    final_eval: dict | None = None
+    examples_per_second: float = 0.0
+    seconds_to_first_step: float = 0.0
+    stopped_reason: str | None = None  # set when training stopped early (deadline, SIGTERM) to resume later
+
+    def summary(self) -> str:
+        parts = [f"Trained to step {self.steps} in {self.output_dir}"]
+        if self.history:
+            parts.append(f"last train loss {self.history[-1]['loss']:.4f}")
+        if self.final_eval:
+            e = self.final_eval
+            parts.append(f"eval MLM accuracy {e['mlm_accuracy']:.4f}, loss {e['mlm_loss']:.4f}")
+            if "nsp_accuracy" in e:
+                parts.append(f"NSP accuracy {e['nsp_accuracy']:.4f}")
+        parts.append(f"{self.examples_per_second:.1f} examples/s")
+        return "; ".join(parts)
+
+
+class Throughput:
+    """Steps per second over the timed calls; the first call (graph build and compilation) is kept apart."""
+
+    def __init__(self, train_seconds: float = 0.0):
+        self.started = time.perf_counter()
+        self.train_seconds = train_seconds  # all sessions of the run, for the status and the ETA
+        self.seconds_to_first_step = 0.0
+        self.steps = 0
+        self.seconds = 0.0
+        self.last_rate = 0.0
+
+    def record(self, steps: int, seconds: float) -> None:
+        self.train_seconds += seconds
+        if not self.seconds_to_first_step:
+            self.seconds_to_first_step = time.perf_counter() - self.started
+            self.last_rate = steps / seconds
+        else:
+            self.steps += steps
+            self.seconds += seconds
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else self.last_rate
+
+
+class ScalarLog:
+    """TensorBoard scalars for the train and eval curves (``tf.summary.write``: no tensorboard package)."""
+
+    def __init__(self, run: RunFolder):
+        self.writers = {split: tf.summary.create_file_writer(str(run.logs / split)) for split in ("train", "eval")}
+
+    def write(self, split: str, metrics: dict, step: int) -> None:
+        from tensorflow.core.framework import summary_pb2
+
+        metadata = summary_pb2.SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
+        writer = self.writers[split]
+        with writer.as_default(step=step):
+            for key, value in metrics.items():
+                tf.summary.write(key, tf.constant(float(value), tf.float32), metadata=metadata)
+        writer.flush()
+
+
+def train(config: Config | None = None, *, progress: bool | None = None, **kwargs) -> TrainResult:
+    """Pretrain (or continue pretraining) BERT as configured: ``train(data_dir=..., output_dir=..., ...)``.
+
+    The caller's ``config`` is not changed: keyword settings and the data's own settings go into a copy.
+    """
+    config = copy.deepcopy(config) if config is not None else Config()
+    config.update(kwargs)
+    config.validate()
+    output_dir = config.storage.output_dir
+    if not output_dir:
+        raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
+    if "://" in output_dir:
+        raise UserInputError(f"output_dir {output_dir}: train writes to a local (or mounted Drive) folder; "
+                             "sync it to Cloud Storage with `tpu-pretrain upload`.")
+    return run_training(Trainer(config), output_dir, progress=progress)
+
+
+def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None) -> TrainResult:
+    """The loop: resume from the newest checkpoint, train in chunks, log, evaluate, checkpoint, stop in time."""
+    t = trainer.config.train
+    run = RunFolder(output_dir)
+    manager, mirror = _checkpoints(trainer, run)
+    throughput = Throughput(_resume(trainer, run, manager))
+    scalars = ScalarLog(run)
+    result = TrainResult(output_dir=output_dir, steps=trainer.step)
+    if trainer.step == 0:
+        result.initial_eval = _evaluate(trainer, scalars, 0, "Eval at step 0")
+    bar = _progress_bar(trainer, progress)
+    guard = SessionGuard(session_deadline(t.session_hours), margin_seconds=t.session_margin_minutes * 60)
+    try:
+        while trainer.step < t.num_train_steps and not result.stopped_reason:
+            step, target = trainer.step, _next_boundary(trainer)
+            tick = time.perf_counter()
+            metrics = trainer.train_steps(target - step)
+            seconds = time.perf_counter() - tick
+            throughput.record(target - step, seconds)
+            _append_example_ids(trainer, run)
+            metrics.update(steps_per_second=throughput.steps_per_second,
+                           examples_per_second=throughput.steps_per_second * t.train_batch_size,
+                           learning_rate=trainer.learning_rate())
+            result.history.append({"step": target, **metrics})
+            _show(bar, target, metrics, t.train_batch_size)
+            result.stopped_reason = _at_boundary(trainer, target, metrics, scalars, manager, throughput,
+                                                 guard, seconds)
+    finally:
+        guard.close()
+        bar.close()
+        if mirror is not None:
+            if not mirror.wait(timeout=600):
+                log.warning("The checkpoint mirror %s is behind: %s", mirror.url, mirror.error)
+            mirror.close()
+    result.steps = trainer.step
+    timed = throughput.steps / throughput.seconds if throughput.seconds else 0.0
+    result.examples_per_second = timed * t.train_batch_size
+    result.seconds_to_first_step = throughput.seconds_to_first_step
+    if not result.stopped_reason:
+        result.final_eval = _evaluate(trainer, scalars, result.steps, f"Final eval at step {result.steps}")
+        run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
+                           "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
+                           "seconds_to_first_step": result.seconds_to_first_step,
+                           "train_seconds": throughput.train_seconds, "accelerator": trainer.accelerator.describe()})
+    return result
+
+
+# -- the steps of the loop --------------------------------------------------------------------------
+def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, CheckpointMirror | None]:
+    """The run's checkpoint manager, and the mirror it copies to (with the run's transfer settings)."""
+    s = trainer.config.storage
+    mirror = None
+    if s.mirror_dir:
+        from ..storage import drive
+
+        drive.ensure_drive_ready(s.mirror_dir, mount=s.mount_drive)
+        mirror = CheckpointMirror(run, s.mirror_dir, keep_max=s.keep_checkpoint_max, options=s.transfer_options())
+    checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
+    return CheckpointManager(run.checkpoints, checkpoint, keep_max=s.keep_checkpoint_max, mirror=mirror), mirror
+
+
+def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager) -> float:
+    """Check the folder fits this run, restore its newest checkpoint, record the run, open the input at the
+    restored step; returns the seconds already trained."""
+    identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
+    run.check_can_resume(identity)
+    restored = manager.restore_latest()
+    run.write_run_files(trainer.config, trainer.bert_config, trainer.config.data.vocab_file)
+    run.record_identity(identity)
+    trainer.start_input(trainer.step)
+    if restored is None:
+        return 0.0
+    log.info("Resuming from %s: step %d of %d.", restored.path, trainer.step, trainer.config.train.num_train_steps)
+    return restored.metadata.get("train_seconds", 0.0)
+
+
+def _next_boundary(trainer: Trainer) -> int:
+    """The next step where something happens (log, eval, save, the end), at most one compiled call away."""
+    t, step = trainer.config.train, trainer.step
+    total = t.num_train_steps
+
+    def boundary(every: int) -> int:
+        return min(total, (step // every + 1) * every) if every else total
+
+    return min(boundary(t.log_every_steps), boundary(t.eval_every_steps), boundary(t.save_checkpoints_steps),
+               step + trainer.steps_per_execution)
+
+
+def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog, manager: CheckpointManager,
+                 throughput: Throughput, guard: SessionGuard, seconds: float) -> str | None:
+    """Log, evaluate and save as this step calls for; save and return the reason when training must stop."""
+    t = trainer.config.train
+    total = t.num_train_steps
+    if step % t.log_every_steps == 0 or step == total:
+        scalars.write("train", metrics, step)
+        rate = throughput.steps_per_second
+        eta = (total - step) / rate if rate else float("nan")
+        log.info("step %d/%d %s, %.2f steps/s, %.1f examples/s, ETA %s", step, total, format_metrics(metrics),
+                 rate, rate * t.train_batch_size, hms(eta))
+    if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
+        _evaluate(trainer, scalars, step, f"Eval at step {step}")
+    stop_reason = guard.should_stop(next_chunk_seconds=seconds)
+    stopping = stop_reason is not None and step < total
+    if step % t.save_checkpoints_steps == 0 or step == total or stopping:
+        manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
+                            "steps_per_second": throughput.steps_per_second, "saved_at": time.time()})
+    if not stopping:
+        return None
+    log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "
+                "this step.", step, total, stop_reason)
+    return stop_reason
+
+
+def _evaluate(trainer: Trainer, scalars: ScalarLog, step: int, label: str) -> dict | None:
+    evaluation = trainer.evaluate()
+    if evaluation:
+        scalars.write("eval", evaluation, step)
+        log.info("%s: %s", label, format_metrics(evaluation))
+    return evaluation
+
+
+def _progress_bar(trainer: Trainer, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=trainer.config.train.num_train_steps, initial=trainer.step, unit="step",
+                disable=(not progress) if progress is not None else None, dynamic_ncols=True, mininterval=1.0)
+
+
+def _show(bar, step: int, metrics: dict, batch_size: int) -> None:
+    rate = metrics["steps_per_second"]
+    bar.update(step - bar.n)
+    bar.set_postfix(loss=f"{metrics['loss']:.3f}", mlm_acc=f"{metrics['mlm_accuracy']:.3f}",
+                    steps_s=f"{rate:.2f}", ex_s=f"{rate * batch_size:.1f}")
+
+
+def _append_example_ids(trainer: Trainer, run: RunFolder) -> None:
+    """Append the example ids each step used to logs/example_ids.jsonl (a replayed step appears again)."""
+    if not trainer.example_ids:
+        return
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with open(run.example_ids, "a", encoding="utf-8") as handle:
+        for step, ids in trainer.example_ids:
+            handle.write(json.dumps({"step": step, "ids": ids}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    trainer.example_ids.clear()

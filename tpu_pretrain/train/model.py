@@ -1,0 +1,132 @@
+"""The BERT pretraining model, built with bert4keras (its shape: :mod:`.bert_config`; its weights by
+name: :mod:`.weights`).
+
+Why not bert4keras's own ``with_mlm=True`` head: it computes full-vocabulary logits for every token,
+which costs ~25% of a BERT-base step and a [batch, length, vocab] softmax. Like the original BERT we
+gather the hidden states at ``masked_lm_positions`` first, then apply the tied-embedding MLM head.
+We also give every weight matrix its own random draw (bert4keras hands one initializer object to the
+Q, K, V and output kernels, and an unseeded tf-keras initializer repeats its values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+from bert4keras.layers import Dense, Embedding, Lambda, LayerNormalization, ScaleOffset
+from bert4keras.models import BERT
+
+from ..errors import UserInputError
+from .bert_config import BertConfig
+
+keras = tf.keras
+
+
+class FreshTruncatedNormal(keras.initializers.Initializer):
+    """BERT's truncated normal that draws new values on every call.
+
+    tf-keras's unseeded initializers return the same values each time one object is called, and
+    bert4keras calls one object for several kernels. This one uses the stateful global RNG, so the
+    draws differ per call and are reproducible after ``tf.keras.utils.set_random_seed``.
+    """
+
+    def __init__(self, stddev: float = 0.02):
+        self.stddev = stddev
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        dtype = tf.as_dtype(dtype or keras.backend.floatx())
+        return tf.random.truncated_normal(shape, stddev=self.stddev, dtype=dtype)
+
+    def get_config(self):
+        return {"stddev": self.stddev}
+
+
+def _gather_positions(inputs):
+    """[batch, length, hidden] at [batch, predictions] positions -> [batch, predictions, hidden]."""
+    sequence, positions = inputs
+    return tf.gather(sequence, tf.cast(positions, tf.int32), batch_dims=1)
+
+
+class PretrainingBERT(BERT):
+    """bert4keras BERT whose heads are the original pretraining heads (MLM at masked positions, NSP).
+
+    Outputs logits (no softmax) so the loss is computed stably in float32. Layer names follow
+    bert4keras, so its ``variable_mapping()`` (Google's variable names) covers the heads too.
+    """
+
+    def __init__(self, initializer_range: float = 0.02, with_nsp_head: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.initializer_range = initializer_range
+        self.with_nsp_head = with_nsp_head
+
+    @property
+    def initializer(self):
+        return FreshTruncatedNormal(self.initializer_range)
+
+    def apply_final_layers(self, inputs):
+        sequence = inputs
+        self.sequence_output = sequence
+        positions = self.inputs[-1]
+        x = self.apply(inputs=[sequence, positions], layer=Lambda, function=_gather_positions,
+                       name="MLM-Gather")
+        x = self.apply(inputs=x, layer=Dense, units=self.embedding_size, activation=self.hidden_act,
+                       kernel_initializer=self.initializer, name="MLM-Dense")
+        x = self.apply(inputs=x, layer=LayerNormalization, epsilon=1e-12, name="MLM-Norm")
+        x = self.apply(inputs=x, layer=Embedding, arguments={"mode": "dense"}, name="Embedding-Token")
+        mlm_logits = self.apply(inputs=x, layer=ScaleOffset, scale=False, name="MLM-Bias")
+        if not self.with_nsp_head:
+            return [mlm_logits]
+        x = self.apply(inputs=sequence, layer=Lambda, function=lambda t: t[:, 0], name="Pooler")
+        x = self.apply(inputs=x, layer=Dense, units=self.hidden_size, activation="tanh",
+                       kernel_initializer=self.initializer, name="Pooler-Dense")
+        nsp_logits = self.apply(inputs=x, layer=Dense, units=2, kernel_initializer=self.initializer,
+                                name="NSP-Proba")  # logits; the name is bert4keras's, for the mapping
+        return [mlm_logits, nsp_logits]
+
+
+@dataclass
+class PretrainingModel:
+    """The Keras pretraining model, the encoder-only view sharing its weights, and the bert4keras builder.
+
+    ``model`` takes ``[input_ids, segment_ids, masked_lm_positions]`` and returns ``[mlm_logits]``
+    (+ ``nsp_logits``); ``encoder`` takes ``[input_ids, segment_ids]`` and returns the last hidden
+    states. Padding is read from ``input_ids == 0`` ([PAD] is id 0 in every BERT vocab).
+    """
+
+    model: keras.Model
+    encoder: keras.Model
+    bert: PretrainingBERT
+    config: BertConfig
+    with_nsp: bool
+
+
+def build_pretraining_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,
+                            with_nsp: bool = True) -> PretrainingModel:
+    """Build (in the current strategy scope) BERT with static shapes, as TPUs need."""
+    if config.hidden_size % config.num_attention_heads:
+        raise UserInputError(f"hidden_size {config.hidden_size} is not a multiple of num_attention_heads "
+                             f"{config.num_attention_heads}.")
+    if max_seq_length > config.max_position_embeddings:
+        raise UserInputError(f"max_seq_length {max_seq_length} is above the model's max_position_embeddings "
+                             f"{config.max_position_embeddings}.")
+    bert = PretrainingBERT(
+        initializer_range=config.initializer_range,
+        with_nsp_head=with_nsp,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        dropout_rate=config.hidden_dropout_prob,
+        attention_dropout_rate=config.attention_probs_dropout_prob,
+        max_position=config.max_position_embeddings,
+        segment_vocab_size=config.type_vocab_size,
+        sequence_length=max_seq_length,
+        name="bert",
+    )
+    positions = keras.layers.Input(shape=(max_predictions_per_seq,), dtype="int32",
+                                   name="Input-MLM-Positions")
+    bert.build(additional_input_layers=positions)
+    encoder = keras.Model(bert.inputs[:2], bert.sequence_output, name="bert_encoder")
+    return PretrainingModel(model=bert.model, encoder=encoder, bert=bert, config=config, with_nsp=with_nsp)

@@ -1,0 +1,174 @@
+"""The contract of a run folder: every file a training run keeps, named, written and read here alone.
+
+A run folder (train's ``output_dir``) holds:
+
+- ``config.json``: the resolved configuration (with the data's shapes);
+- ``run.json``: the run's identity (model, data, the settings that pin it), recorded at the first start
+  and compared at every later one;
+- ``bert_config.json``: the model's shape; ``vocab.txt``: the vocab it was trained with;
+- ``checkpoints/``: the checkpoints; ``logs/``: TensorBoard scalars and ``example_ids.jsonl``;
+- ``train_summary.json``, ``evaluation.json``, ``plots/``, ``export/hf`` and ``export/tf``.
+
+Starting ``train`` again in the same folder resumes, which is only correct when the model, the vocab,
+the data and the way batches are drawn are unchanged: :meth:`RunFolder.check_can_resume` refuses
+otherwise, naming the differences. Safe changes (total steps, the end learning rate, logging and
+evaluation cadence, where checkpoints are mirrored) are allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..config import RUN, Config, pinned_settings
+from ..errors import UserInputError
+from ..storage.local import atomic_open, write_text_atomic
+from .bert_config import BertConfig
+
+CONFIG = "config.json"
+IDENTITY = "run.json"
+BERT_CONFIG = "bert_config.json"
+VOCAB = "vocab.txt"
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+EXAMPLE_IDS = "example_ids.jsonl"
+SUMMARY = "train_summary.json"
+EVALUATION = "evaluation.json"
+PLOTS = "plots"
+EXPORT = "export"
+# What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
+MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, VOCAB, LOGS, SUMMARY, EVALUATION)
+# Model fields a run may change between sessions (dropout does not change the weights' shapes).
+UNPINNED_MODEL_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+class RunFolder:
+    """The files of one run folder (local, or a mounted Drive folder)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def identity_file(self) -> Path:
+        return self.path / IDENTITY
+
+    @property
+    def bert_config_file(self) -> Path:
+        return self.path / BERT_CONFIG
+
+    @property
+    def vocab_file(self) -> Path:
+        return self.path / VOCAB
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS
+
+    @property
+    def example_ids(self) -> Path:
+        return self.logs / EXAMPLE_IDS
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def evaluation_file(self) -> Path:
+        return self.path / EVALUATION
+
+    @property
+    def curves_file(self) -> Path:
+        return self.path / PLOTS / "curves.png"
+
+    def export_dir(self, format: str) -> Path:
+        return self.path / EXPORT / format
+
+    # -- what makes a folder a run ---------------------------------------------------------------
+    def is_run(self) -> bool:
+        """A training run folder: our config.json (sections) next to bert_config.json."""
+        if not self.config_file.is_file() or not self.bert_config_file.is_file():
+            return False
+        try:
+            return "storage" in json.loads(self.config_file.read_text())
+        except json.JSONDecodeError:
+            return False
+
+    def read_config(self) -> Config:
+        if not self.config_file.is_file():
+            raise UserInputError(f"{self.path} is not a run folder (no {CONFIG}): start it with `tpu-pretrain train`.")
+        return Config.from_file(self.config_file)
+
+    def read_bert_config(self) -> BertConfig:
+        return BertConfig.from_json_file(self.bert_config_file)
+
+    def write_run_files(self, config: Config, bert_config: BertConfig, vocab_file: str | None) -> None:
+        """The resolved configuration, the model's shape and the vocab: what the weights need to be used."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        config.save(self.config_file)
+        bert_config.to_json_file(self.bert_config_file)
+        if vocab_file and Path(vocab_file).resolve() != self.vocab_file.resolve():
+            with open(vocab_file, "rb") as src, atomic_open(self.vocab_file) as dst:
+                shutil.copyfileobj(src, dst)
+
+    def write_summary(self, summary: dict) -> None:
+        write_text_atomic(self.summary_file, json.dumps(summary, indent=2) + "\n")
+
+    # -- identity: may a new start continue this run? -------------------------------------------
+    def check_can_resume(self, identity: dict) -> None:
+        """Refuse, naming every differing setting, when the run folder was made for something else."""
+        if not self.identity_file.is_file():
+            return
+        differences = identity_differences(json.loads(self.identity_file.read_text()), identity)
+        if differences:
+            raise UserInputError(
+                f"Cannot continue the run in {self.path}: its checkpoints were made with other settings "
+                f"({'; '.join(differences)}). Restore those settings to continue, or use a new output_dir to "
+                "start another run (an init_checkpoint can start it from this run's weights).")
+
+    def record_identity(self, identity: dict) -> None:
+        if not self.identity_file.is_file():
+            write_text_atomic(self.identity_file,
+                              json.dumps({**identity, "created": time.time()}, indent=2, sort_keys=True) + "\n")
+
+
+def run_identity(config: Config, bert_config: BertConfig, data_info) -> dict:
+    """The facts a checkpoint of this run depends on (``config`` holds the data's shapes)."""
+    model = {k: v for k, v in asdict(bert_config).items() if k not in UNPINNED_MODEL_FIELDS}
+    data = {"train_instances": data_info.train_instances,
+            "train_files": [os.path.basename(f) for f in data_info.train_files]}
+    if data_info.vocab_sha256:
+        data["vocab_sha256"] = data_info.vocab_sha256
+        data["train_sha256"] = data_info.train_sha256
+    return {"model": model, "data": data, "settings": {k: config.get(k) for k in pinned_settings(RUN)}}
+
+
+def identity_differences(previous: dict, identity: dict) -> list[str]:
+    differences = []
+    for key, value in identity["settings"].items():
+        if previous["settings"].get(key) != value:
+            differences.append(f"{key}: {previous['settings'].get(key)!r} in the run, {value!r} now")
+    for key, value in identity["model"].items():
+        if previous["model"].get(key) != value:
+            differences.append(f"model {key}: {previous['model'].get(key)!r} in the run, {value!r} now")
+    old_data, new_data = previous["data"], identity["data"]
+    if old_data.get("vocab_sha256") != new_data.get("vocab_sha256"):
+        differences.append("vocab: the data was made with a different vocab.txt")
+    if (old_data.get("train_sha256") != new_data.get("train_sha256")
+            or old_data.get("train_instances") != new_data.get("train_instances")):
+        differences.append("data_dir: different training shards")
+    return differences

@@ -1,0 +1,45 @@
+"""Where a run stands: ``tpu-pretrain status RUN``."""
+
+from __future__ import annotations
+
+import os
+
+from .. import storage
+from ..formatting import hms
+from .checkpoints import list_checkpoints, verify
+from .mirror import CheckpointMirror
+from .run_folder import RunFolder
+
+
+def run_status(run_dir: str | os.PathLike) -> str:
+    """Step reached, newest checkpoint and its mirror, time trained, and the estimated time left."""
+    run = RunFolder(run_dir)
+    config = run.read_config()
+    total = config.train.num_train_steps
+    mirror = config.storage.mirror_dir
+    newest = next((c for c in list_checkpoints(run.checkpoints) if verify(c) is None), None)
+    lines = [f"run: {run.path.resolve()}"]
+    if newest is None:
+        lines.append(f"no checkpoint yet (0 of {total} steps)")
+        return "\n".join(lines)
+    lines.append(f"step {newest.step} of {total} ({newest.step / total:.1%})")
+    lines.append(f"newest checkpoint: {newest.path}")
+    if mirror:
+        copy = CheckpointMirror(run, mirror)
+        try:
+            where = storage.join(copy.checkpoints_url, newest.name)
+            lines.append(f"mirror: {where} ({'complete' if copy.holds(newest.name) else 'not there yet'})")
+        except Exception as exc:  # the mirror may be unreachable from here
+            lines.append(f"mirror: {mirror} (cannot be checked: {exc})")
+        finally:
+            copy.close()
+    else:
+        lines.append("mirror: none (set mirror_dir to a Drive folder or gs:// URL)")
+    seconds = newest.metadata.get("train_seconds", 0.0)
+    lines.append(f"time trained: {hms(seconds)}")
+    rate = newest.metadata.get("steps_per_second") or (newest.step / seconds if seconds else 0)
+    if rate and newest.step < total:
+        lines.append(f"estimated time left: {hms((total - newest.step) / rate)} at {rate:.2f} steps/s")
+    elif newest.step >= total:
+        lines.append("finished")
+    return "\n".join(lines)

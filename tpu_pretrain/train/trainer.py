@@ -1,0 +1,249 @@
+"""The model, optimizer and input of one training configuration, and its compiled steps.
+
+Losses are normalised over the *global* batch, so 1 or N replicas, and k accumulated micro-batches,
+give the same update; several steps run per compiled call (TPU); the input is opened at an exact step,
+its order a pure function of (seed, records consumed). The loop around it is :mod:`.loop`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import tensorflow as tf
+
+from ..config import Config
+from ..data.data_folder import DataInfo, read_data_info
+from ..data.vocab import load_vocab
+from ..errors import UserInputError
+from .accelerator import Accelerator, detect_accelerator, set_precision_policy
+from .bert_config import BertConfig, resolve_bert_config
+from .input import DynamicMasking, distributed_dataset
+from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
+from .model import build_pretraining_model
+from .optimization import create_optimizer
+from .weights import load_init_checkpoint
+
+log = logging.getLogger(__name__)
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def resolve_config(config: Config, data: DataInfo) -> Config:
+    """A copy of ``config`` completed from the data: its shapes, NSP and vocab (the caller's is not changed)."""
+    resolved = copy.deepcopy(config)
+    for key, value in (("max_seq_length", data.max_seq_length),
+                       ("max_predictions_per_seq", data.max_predictions_per_seq)):
+        if config.get(key) != value:
+            log.info("Using the data's %s=%s (configuration had %s).", key, value, config.get(key))
+            resolved.set(key, value)
+    if data.settings.get("no_nsp"):
+        resolved.data.no_nsp = True
+    vocab_file = config.data.vocab_file or data.vocab_file or ""
+    if vocab_file and not os.path.isfile(vocab_file):
+        raise UserInputError(f"vocab_file {vocab_file} does not exist.")
+    if config.data.vocab_file and data.vocab_size:
+        size = len(load_vocab(config.data.vocab_file))
+        if size != data.vocab_size:
+            raise UserInputError(f"vocab_file {config.data.vocab_file} has {size} tokens but the data in "
+                                 f"{data.data_dir} was made with {data.vocab_size}; use the data's vocab.")
+    resolved.data.vocab_file = vocab_file
+    return resolved
+
+
+class Trainer:
+    """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
+
+    def __init__(self, config: Config, accelerator: Accelerator | None = None):
+        self.data: DataInfo = read_data_info(config.storage.data_dir)
+        self.config = config = resolve_config(config, self.data)
+        t, m = config.train, config.model
+        self.accelerator = accelerator or detect_accelerator(
+            t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
+        self.strategy = self.accelerator.strategy
+        replicas = self.accelerator.num_replicas
+        k = t.gradient_accumulation_steps
+        if t.train_batch_size % (replicas * k):
+            raise UserInputError(
+                f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
+                f"gradient_accumulation_steps ({k}) = {replicas * k}.")
+        self.with_nsp = not config.data.no_nsp
+        vocab_size = len(load_vocab(config.data.vocab_file)) if config.data.vocab_file else self.data.vocab_size
+        self.bert_config: BertConfig = resolve_bert_config(
+            model_size=m.model_size, bert_config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
+            vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
+            hidden_dropout_prob=m.hidden_dropout_prob)
+        self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
+        self.example_ids: list[tuple[int, list[int]]] = []
+        self.init_report = None
+        self._build()
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _dynamic_masking(self) -> DynamicMasking | None:
+        if not self.config.train.dynamic_masking:
+            return None
+        if not self.config.data.vocab_file:
+            raise UserInputError("dynamic_masking needs the vocab: set vocab_file.")
+        return DynamicMasking.from_vocab_file(self.config.data.vocab_file, self.config.data.masked_lm_prob)
+
+    def _build(self) -> None:
+        t, d = self.config.train, self.config.data
+        tf.keras.utils.set_random_seed(t.train_seed)
+        set_precision_policy(self.accelerator)
+        with self.strategy.scope():
+            self.pretraining = build_pretraining_model(self.bert_config, d.max_seq_length, d.max_predictions_per_seq,
+                                                       self.with_nsp)
+            self.model = self.pretraining.model
+            if self.config.model.init_checkpoint:
+                self.init_report = load_init_checkpoint(self.pretraining, self.config.model.init_checkpoint)
+            self.optimizer = self._create_optimizer()
+        self.train_dataset = self.train_iterator = None  # opened at the (restored) step by start_input()
+        self.eval_batch_size = self._eval_batch_size()
+        self.eval_dataset = None
+        if self.eval_batch_size:
+            self.eval_dataset = distributed_dataset(
+                self.strategy, self.data.eval_files, self.eval_batch_size, max_steps=t.max_eval_steps, training=False,
+                max_seq_length=d.max_seq_length, max_predictions_per_seq=d.max_predictions_per_seq, seed=t.train_seed)
+        self._grads_fn = tf.function(self._compute_gradients, jit_compile=self.accelerator.jit_compile
+                                     and self.accelerator.kind != "tpu")
+        self._train_loop = tf.function(self._train_loop_fn)
+        self._eval_loop = tf.function(self._eval_loop_fn)
+
+    def _create_optimizer(self):
+        t = self.config.train
+        optimizer = create_optimizer(
+            optimizer=t.optimizer, learning_rate=t.learning_rate, num_train_steps=t.num_train_steps,
+            num_warmup_steps=t.num_warmup_steps, weight_decay_rate=t.weight_decay_rate,
+            beta_1=t.adam_beta1, beta_2=t.adam_beta2, epsilon=t.adam_epsilon, clip_norm=t.clip_norm,
+            lr_decay_power=t.lr_decay_power, end_learning_rate=t.end_learning_rate,
+            variables=self.model.trainable_variables,
+            jit_compile=self.accelerator.jit_compile and self.accelerator.kind != "tpu")
+        if self.accelerator.precision == "float16":
+            optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+        getattr(optimizer, "inner_optimizer", optimizer).build(self.model.trainable_variables)
+        return optimizer
+
+    def start_input(self, step: int) -> None:
+        """Open the training input at ``step``: the order is a pure function of (seed, records consumed)."""
+        t, d = self.config.train, self.config.data
+        self.train_dataset = distributed_dataset(
+            self.strategy, self.data.train_files, t.train_batch_size, training=True,
+            max_seq_length=d.max_seq_length, max_predictions_per_seq=d.max_predictions_per_seq, seed=t.train_seed,
+            shuffle_buffer_size=t.shuffle_buffer_size, masking=self._dynamic_masking(),
+            start_record=step * t.train_batch_size, records_per_epoch=self.data.train_instances)
+        self.train_iterator = iter(self.train_dataset)
+
+    def _eval_batch_size(self) -> int:
+        if not self.data.eval_files:
+            return 0
+        replicas = self.accelerator.num_replicas
+        size = self.config.train.eval_batch_size or self.config.train.train_batch_size
+        if self.data.eval_instances is not None:
+            size = min(size, self.data.eval_instances)
+        size -= size % replicas
+        if not size:
+            log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.",
+                        self.data.eval_instances, replicas)
+        return size
+
+    # -- compiled steps ----------------------------------------------------------------------------
+    def _forward_stats(self, batch, global_weight, global_examples, training: bool):
+        """This replica's summed statistics, and its share of the global-batch loss."""
+        inputs = [batch["input_ids"], batch["segment_ids"], batch["masked_lm_positions"]]
+        stats = pretraining_stats(self.model(inputs, training=training), batch, self.with_nsp)
+        loss = stats["mlm_loss_sum"] / global_weight
+        if self.with_nsp:
+            loss += stats["nsp_loss_sum"] / global_examples
+        return loss, stats
+
+    def _compute_gradients(self, batch, global_weight, global_examples):
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss, stats = self._forward_stats(batch, global_weight, global_examples, training=True)
+            scaled = self.optimizer.get_scaled_loss(loss) if self.accelerator.precision == "float16" else loss
+        return tape.gradient(scaled, variables), stats
+
+    def _replica_step(self, batch):
+        """One optimizer step on this replica's share, split into micro-batches if accumulating."""
+        context = tf.distribute.get_replica_context()
+        global_weight = context.all_reduce(SUM, tf.reduce_sum(batch["masked_lm_weights"]))
+        global_weight = tf.maximum(global_weight, 1.0)
+        global_examples = float(self.config.train.train_batch_size)
+        variables = self.model.trainable_variables
+        k = self.config.train.gradient_accumulation_steps
+        if k == 1:
+            grads, stats = self._grads_fn(batch, global_weight, global_examples)
+        else:
+            micro = {key: tf.reshape(v, [k, -1] + v.shape[1:].as_list()) for key, v in batch.items()}
+            grads = [tf.zeros_like(v) for v in variables]
+            stats = {key: tf.constant(0.0) for key in STAT_KEYS}
+            for i in tf.range(k):
+                g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples)
+                grads = [a + b for a, b in zip(grads, g, strict=True)]
+                stats = {key: stats[key] + s[key] for key in STAT_KEYS}
+        # Dense gradients: the embedding lookup's IndexedSlices repeat indices, and Keras's global-norm
+        # clipping would count each repeat separately (a wrong norm) before it merges them.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        if self.accelerator.precision == "float16":
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
+        return stats
+
+    def _train_loop_fn(self, iterator, steps):
+        totals = {key: tf.constant(0.0) for key in STAT_KEYS}
+        ids = tf.TensorArray(tf.int64, size=steps)  # the examples each step used, in global batch order
+        for i in tf.range(steps):
+            batch = next(iterator)
+            per_replica = self.strategy.run(self._replica_step, args=(batch,))
+            totals = {key: totals[key] + self.strategy.reduce(SUM, per_replica[key], axis=None)
+                      for key in STAT_KEYS}
+            if self.config.train.log_example_ids:
+                ids = ids.write(i, self.strategy.gather(batch["example_id"], axis=0))
+        return totals, (ids.stack() if self.config.train.log_example_ids else tf.zeros([0], tf.int64))
+
+    def _eval_replica(self, batch):
+        _, stats = self._forward_stats(batch, 1.0, 1.0, training=False)
+        return stats
+
+    def _eval_loop_fn(self, batch):
+        per_replica = self.strategy.run(self._eval_replica, args=(batch,))
+        return {key: self.strategy.reduce(SUM, per_replica[key], axis=None) for key in STAT_KEYS}
+
+    # -- public API ----------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def train_steps(self, steps: int) -> dict:
+        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics.
+
+        With ``log_example_ids`` the ids of the examples each step used are kept in ``self.example_ids``
+        as ``(step, ids)`` pairs until the caller takes them.
+        """
+        if self.train_iterator is None:
+            self.start_input(self.step)
+        totals: dict = {}
+        while steps > 0:
+            n = min(steps, self.steps_per_execution)
+            first = self.step
+            sums, ids = self._train_loop(self.train_iterator, tf.constant(n))
+            totals = add_sums(totals, sums)
+            if self.config.train.log_example_ids:
+                self.example_ids.extend((first + 1 + i, row.tolist()) for i, row in enumerate(ids.numpy()))
+            steps -= n
+        return metrics_from_sums(totals)
+
+    def evaluate(self) -> dict | None:
+        """MLM loss/accuracy/perplexity and NSP loss/accuracy over up to max_eval_steps eval batches."""
+        if self.eval_dataset is None:
+            return None
+        totals: dict = {}
+        for batch in self.eval_dataset:
+            totals = add_sums(totals, self._eval_loop(batch))
+        if not totals.get("examples"):
+            return None
+        return metrics_from_sums(totals)
+
+    def learning_rate(self) -> float:
+        opt = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        return float(opt.learning_rate)
