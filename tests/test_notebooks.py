@@ -1,69 +1,221 @@
-"""The notebooks: committed clean, parameterisable, and executed headlessly with papermill on CPU."""
+"""The notebooks, each executed by papermill in a fresh folder and kernel of its own, as on Colab and Kaggle.
+
+A notebook may use only what survives a runtime: a Drive-like folder, the Cloud Storage emulator, Kaggle
+inputs. Every kernel and step process of a test loads ``notebook_sandbox/sitecustomize.py``, which records
+any file or folder touched under the test's root outside the notebook's own folder and those durable
+places; a test fails on any such record. Colab and Kaggle are simulated by their environment variables, a
+Kaggle input folder and secret store, and a stand-in for Colab's browser-side ``google.colab`` module.
+"""
+
+from __future__ import annotations
 
 import ast
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
+from tpu_pretrain.release import badges, install_source
 from tpu_pretrain.storage import auth
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+SANDBOX = Path(__file__).resolve().parent / "notebook_sandbox"
+TRAINING = ("00_setup", "03_train_colab_tpu", "04_train_kaggle_tpu", "05_resume")
+# TensorFlow's C++ start-up noise: none of it may reach a notebook's output.
+NOISE = re.compile(r"oneDNN custom operations|Could not find cuda drivers|failed call to cuInit|cuda_platform|"
+                   r"absl::InitializeLog|TF-TRT Warning|Sharding callback duration|Unable to register cu(DNN|FFT|BLAS)|"
+                   r"computation placer already registered|This TensorFlow binary is optimized")
+TINY_TRAINING = dict(model_size="L2-H128", train_batch_size=8, num_train_steps=6, num_warmup_steps=1,
+                     save_checkpoints_steps=3, eval_every_steps=3, keep_checkpoint_max=2)
 
 
-def _cells(path):
+def cells(path):
     return json.loads(path.read_text())["cells"]
 
 
+# -- the committed notebooks ---------------------------------------------------------------------------
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_without_outputs_and_with_one_literal_parameters_cell(path):
-    cells = _cells(path)
-    assert cells[0]["cell_type"] == "markdown" and "What it does" in "".join(cells[0]["source"])
-    assert all(not c.get("outputs") and not c.get("execution_count") for c in cells if c["cell_type"] == "code")
-    tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    notebook_cells = cells(path)
+    assert notebook_cells[0]["cell_type"] == "markdown" and "What it does" in "".join(notebook_cells[0]["source"])
+    assert all(not c.get("outputs") and not c.get("execution_count") for c in notebook_cells
+               if c["cell_type"] == "code")
+    tagged = [c for c in notebook_cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1
     for statement in ast.parse("".join(tagged[0]["source"])).body:
         assert isinstance(statement, ast.Assign), ast.dump(statement)
         ast.literal_eval(statement.value)  # literals only, so papermill and Colab forms can set them
-    for cell in cells:
-        if cell["cell_type"] == "code":
+    for cell in notebook_cells:  # the parameters form aside (assignments and their help)
+        if cell["cell_type"] == "code" and cell is not tagged[0]:
             assert len("".join(cell["source"]).splitlines()) <= 15, "cells stay short: logic lives in the package"
 
 
-def run_notebook(name, tmp_path, **parameters):
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_notebook_asks_for_the_accelerator_it_needs(path):
+    metadata = json.loads(path.read_text())["metadata"]
+    tpu = path.stem in TRAINING
+    assert (metadata.get("accelerator") == "TPU") == tpu  # Colab
+    assert metadata["kaggle"]["accelerator"] == ("tpuV5e8" if tpu else "none")
+
+
+def test_the_install_source_and_badges_come_from_the_release():
+    """Publishing changes tpu_pretrain/release.py and `python scripts/sync_release.py`, nothing by hand."""
+    for path in NOTEBOOKS:
+        text = "".join(cells(path)[0]["source"])
+        assert badges(path.name) in text, f"{path.name}: badges differ from the release (run scripts/sync_release.py)"
+        sources = ["".join(c["source"]) for c in cells(path)
+                   if c["cell_type"] == "code" and '"pip", "install"' in "".join(c["source"])]
+        assert sources and all(install_source() in s for s in sources), f"{path.name}: install source differs"
+    readme = (REPO / "README.md").read_text()
+    assert all(badges(path.name) in readme for path in NOTEBOOKS), "README badges differ from the release"
+
+
+# -- running them ----------------------------------------------------------------------------------------
+class Runtimes:
+    """Fresh folders and kernels for notebooks, the durable places between them, and the simulated platforms."""
+
+    def __init__(self, root: Path, monkeypatch):
+        self.root, self.monkeypatch = root, monkeypatch
+        self.drive = root / "drive"  # a Drive-like durable folder
+        self.kaggle_input = root / "kaggle_input"  # what Kaggle attaches as inputs
+        self.secrets = root / "kaggle_secrets"
+        for folder in (self.drive, self.kaggle_input, self.secrets):
+            folder.mkdir(parents=True)
+
+    def run(self, name: str, folder: str, runtime: str = "local", **parameters):
+        """Execute ``name`` in ``root/folder`` with a kernel of its own; fail on any non-durable read."""
+        import papermill
+
+        workdir = self.root / folder
+        (workdir / "tmp").mkdir(parents=True)
+        audit = self.root / f"audit-{folder}.log"
+        env = {"NOTEBOOK_AUDIT_ROOT": str(self.root), "NOTEBOOK_AUDIT_LOG": str(audit),
+               "NOTEBOOK_AUDIT_ALLOW": os.pathsep.join(map(str, (workdir, self.drive, self.kaggle_input,
+                                                                  self.secrets))),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(SANDBOX), os.environ.get("PYTHONPATH")])),
+               "TMPDIR": str(workdir / "tmp"), "TPU_PRETRAIN_CACHE_DIR": str(workdir / "cache"),
+               "FAKE_COLAB_LOG": str(workdir / "colab.log"),
+               "FAKE_KAGGLE_SECRETS": str(self.secrets)}
+        for key in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE"):
+            self.monkeypatch.delenv(key, raising=False)
+        simulated = {"colab": {"COLAB_RELEASE_TAG": "test"}, "kaggle": {"KAGGLE_KERNEL_RUN_TYPE": "Batch"}}
+        env.update(simulated.get(runtime, {}))
+        for key, value in env.items():
+            self.monkeypatch.setenv(key, value)
+        output = self.root / "executed" / name
+        output.parent.mkdir(exist_ok=True)
+        try:
+            papermill.execute_notebook(str(REPO / "notebooks" / name), str(output), parameters=parameters,
+                                       cwd=str(workdir), kernel_name="python3", progress_bar=False)
+        finally:
+            reads = audit.read_text() if audit.exists() else ""
+        assert not reads, f"{name} used files that do not survive a runtime:\n{reads[:3000]}"
+        check_readable(output)
+        return workdir, output
+
+    def save_version(self, workdir: Path, dataset: str) -> Path:
+        """Kaggle's "Save Version": the notebook's /kaggle/working becomes an input of later notebooks."""
+        target = self.kaggle_input / dataset
+        shutil.copytree(workdir / "working", target)
+        return target
+
+
+def check_readable(executed: Path) -> None:
+    """The executed notebook renders, shows no traceback, and none of TensorFlow's start-up noise."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(executed, as_version=4)
+    HTMLExporter().from_notebook_node(notebook)
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            assert output["output_type"] != "error", f"{executed.name}: {output.get('ename')}: {output.get('evalue')}"
+            text = output.get("text", "") or json.dumps(output.get("data", {}))
+            assert "Traceback (most recent call last)" not in text, f"{executed.name}: a traceback:\n{text[-2000:]}"
+            noise = NOISE.search(text)
+            assert not noise, f"{executed.name}: TensorFlow start-up noise in an output: {noise.group()}"
+
+
+@pytest.fixture
+def runtimes(tmp_path, monkeypatch, bucket):
+    yield Runtimes(tmp_path, monkeypatch)
+    auth.reset()
+
+
+@pytest.mark.slow
+def test_the_colab_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
+    project = f"gs://{bucket}/project"
+    drive_project = str(runtimes.drive / "tpu_pretrain")
+    runtimes.run("00_setup.ipynb", "setup", "colab", project_dir=project)
+    runtimes.run("01_prepare_data.ipynb", "prepare", "colab", project_dir=drive_project, vocab_size=3000,
+                 dupe_factor=1, max_seq_length=64, max_predictions_per_seq=10)
+    assert (runtimes.drive / "tpu_pretrain" / "data" / "manifest.json").is_file()
+    runtimes.run("02_upload_to_gcs.ipynb", "upload", "colab", project_dir=drive_project,
+                 gcs_url=f"{project}/data", transfer_workers=4)
+    names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/data/")}
+    assert "project/data/manifest.json" in names and any(n.endswith(".tfrecord") for n in names)
+
+    runtimes.run("03_train_colab_tpu.ipynb", "train", "colab", project_dir=project, **TINY_TRAINING)
+    mirrored = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/runs/bert/")}
+    assert "project/runs/bert/checkpoints/ckpt-000000006/checkpoint.json" in mirrored
+    # A fresh runtime: the run comes back from its mirror and goes on to step 9.
+    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "colab", project_dir=project, num_train_steps=9)
+    assert (workdir / "work" / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
+    workdir, output = runtimes.run("06_evaluate_and_export.ipynb", "evaluate", "colab", project_dir=project,
+                                   top_k=3)
+    exported = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/exports/bert/")}
+    assert {"project/exports/bert/hf/model.safetensors", "project/exports/bert/tf/bert_model.ckpt.index"} <= exported
+    assert "files.download" in (workdir / "colab.log").read_text()  # the zip offered to the browser
+    assert "[MASK] 1:" in output.read_text()  # transformers' own fill-mask on the export
+
+
+@pytest.mark.slow
+def test_the_kaggle_path_without_a_bucket(runtimes, bucket):
+    corpus = runtimes.kaggle_input / "my-corpus"
+    corpus.mkdir()
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+
+    write_sample_corpus(corpus / "corpus.txt", max_chars=120_000)
+    working = "working/tpu_pretrain"  # the notebook's /kaggle/working
+    workdir, _ = runtimes.run("01_prepare_data.ipynb", "prepare", "kaggle", corpus=str(corpus),
+                              project_dir=str(runtimes.root / "prepare" / working), vocab_size=2000,
+                              dupe_factor=1, max_seq_length=64, max_predictions_per_seq=10)
+    data = runtimes.save_version(workdir, "prepare-output") / "tpu_pretrain" / "data"
+
+    key = {"type": "service_account", "client_email": "trainer@project.iam.gserviceaccount.com",
+           "private_key": "-----BEGIN PRIVATE KEY-----\nNOT-A-REAL-KEY\n-----END PRIVATE KEY-----\n"}
+    (runtimes.secrets / "GCS_SERVICE_ACCOUNT_KEY").write_text(json.dumps(key))
+    _, output = runtimes.run("02_upload_to_gcs.ipynb", "upload", "kaggle", data_dir=str(data),
+                             gcs_url=f"gs://{bucket}/from-kaggle/data", transfer_workers=2)
+    text = output.read_text()
+    assert "trainer@project.iam.gserviceaccount.com" in text and "NOT-A-REAL-KEY" not in text
+
+    workdir, _ = runtimes.run("04_train_kaggle_tpu.ipynb", "train", "kaggle", data_dir=str(data),
+                              project_dir=str(runtimes.root / "train" / working), **TINY_TRAINING)
+    run = runtimes.save_version(workdir, "train-output") / "tpu_pretrain" / "runs" / "bert"
+    assert (run / "checkpoints" / "ckpt-000000006").is_dir()
+    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "kaggle", resume_from=str(run), data_dir=str(data),
+                              project_dir=str(runtimes.root / "resume" / working), num_train_steps=9)
+    assert (workdir / working / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
+
+
+@pytest.mark.slow
+def test_the_quickstart_goes_from_nothing_to_an_export(runtimes):
+    workdir, _ = runtimes.run("07_quickstart.ipynb", "quickstart", project_dir="tpu_pretrain", vocab_size=2000,
+                              max_seq_length=64, model_size="L2-H128", train_batch_size=16, num_train_steps=20,
+                              num_warmup_steps=2, save_checkpoints_steps=10, eval_every_steps=10)
+    assert (workdir / "work" / "exports" / "quickstart" / "hf" / "model.safetensors").is_file()
+    assert (workdir / "work" / "quickstart-hf.zip").is_file()
+
+
+def test_a_missing_input_or_a_placeholder_stops_the_notebook_early_with_what_to_do(runtimes):
     import papermill
 
-    return papermill.execute_notebook(
-        str(NOTEBOOKS[0].parent / name), str(tmp_path / f"out_{name}"), parameters=parameters,
-        cwd=str(tmp_path), kernel_name="python3", progress_bar=False, request_save_on_cell_execute=False,
-    )
-
-
-def test_every_notebook_runs_headlessly_in_order(tmp_path, bucket):
-
-    run_notebook("00_setup.ipynb", tmp_path, gcs_url=f"gs://{bucket}/run")
-    run_notebook("01_prepare_data.ipynb", tmp_path, run_dir="run", vocab_size=3000, dupe_factor=1,
-                 max_seq_length=64, max_predictions_per_seq=10)
-    assert (tmp_path / "run" / "data" / "manifest.json").is_file()
-    run_notebook("02_upload_to_gcs.ipynb", tmp_path, local_dir="run/data", gcs_url=f"gs://{bucket}/run/data",
-                 workers=4)
-    names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="run/data/")}
-    assert "run/data/manifest.json" in names and any(n.endswith(".tfrecord") for n in names)
-
-    tiny = dict(model_size="L2-H128", train_batch_size=8, num_train_steps=6, num_warmup_steps=1,
-                save_checkpoints_steps=3, eval_every_steps=3, keep_checkpoint_max=2)
-    run_notebook("03_train_colab_tpu.ipynb", tmp_path, data_dir="run/data", run_dir="run/colab",
-                 mirror_dir=str(tmp_path / "drive_mirror"), keep_alive=False, **tiny)
-    assert (tmp_path / "run" / "colab" / "checkpoints" / "ckpt-000000006").is_dir()
-    run_notebook("04_train_kaggle_tpu.ipynb", tmp_path, data_dir=f"gs://{bucket}/run/data", run_dir="run/kaggle",
-                 mirror_dir=f"gs://{bucket}/run/kaggle", kaggle_secret_name="", **tiny)
-    assert (tmp_path / "run" / "kaggle" / "checkpoints" / "ckpt-000000006").is_dir()
-    # A fresh runtime: the run comes back from its (Drive-like) mirror and goes on to step 9.
-    run_notebook("05_resume.ipynb", tmp_path, run_dir="run/fresh", mirror_dir=str(tmp_path / "drive_mirror"),
-                 data_dir="run/data", num_train_steps=9)
-    assert (tmp_path / "run" / "fresh" / "checkpoints" / "ckpt-000000009").is_dir()
-    run_notebook("06_evaluate_and_export.ipynb", tmp_path, run_dir="run/fresh", top_k=3,
-                 export_to=str(tmp_path / "exports"))
-    assert (tmp_path / "exports" / "hf" / "model.safetensors").is_file()
-    assert (tmp_path / "run" / "fresh" / "evaluation.json").is_file()
-    auth.reset()
+    with pytest.raises(papermill.PapermillExecutionError, match="Run 01_prepare_data first"):
+        runtimes.run("03_train_colab_tpu.ipynb", "no_data", project_dir=str(runtimes.drive / "empty"))
+    with pytest.raises(papermill.PapermillExecutionError, match="Replace the placeholder.*gcs_url"):
+        runtimes.run("02_upload_to_gcs.ipynb", "placeholder")

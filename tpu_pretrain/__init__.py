@@ -5,9 +5,9 @@ imported, and checks that the pinned bert4keras and a matching tf-keras are inst
 """
 
 from .environment import EnvironmentSetupError, check_dependencies, configure_keras2
+from .release import VERSION as __version__
 
 configure_keras2()
 check_dependencies()
 
-__version__ = "0.1.0"
 __all__ = ["EnvironmentSetupError", "__version__"]

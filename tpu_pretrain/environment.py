@@ -25,6 +25,7 @@ ENVIRONMENT_OVERRIDES = {
     "TPU_PRETRAIN_GCS_RETRY_SECONDS": "Bound on the client library's retries of one Cloud Storage metadata call "
                                       "(default 30; uploads and downloads retry on top, transfer_retries times).",
     "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered (default ~/.cache/tpu_pretrain).",
+    "HF_TOKEN": "A Hugging Face token for pushing an export to the Hub (on Colab and Kaggle: a secret of that name).",
 }
 
 

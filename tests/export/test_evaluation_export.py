@@ -171,6 +171,9 @@ def test_plots_read_train_and_eval_scalars(run, tmp_path):
     scalars = read_scalars(run)
     assert [s for s, _ in scalars["train"]["loss"]] == [10, 20, 30, 40]
     assert [s for s, _ in scalars["eval"]["mlm_accuracy"]] == [0, 20, 40]
+    final = json.loads((run / "train_summary.json").read_text())["final_eval"]  # read without TensorFlow
+    assert scalars["eval"]["mlm_accuracy"][-1][1] == pytest.approx(final["mlm_accuracy"], rel=1e-6)
+    assert scalars["eval"]["mlm_loss"][-1][1] == pytest.approx(final["mlm_loss"], rel=1e-6)
     assert len(run_figure(run).axes) == 3  # loss, MLM accuracy, NSP accuracy
     png = plot_run(run, tmp_path / "curves.png")
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000

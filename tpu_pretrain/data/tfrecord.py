@@ -106,7 +106,7 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes):
+def proto_fields(data: bytes):
     """(field number, wire type, value) of a protobuf message: varints as ints, length-delimited as bytes."""
     pos = 0
     while pos < len(data):
@@ -128,11 +128,11 @@ def _fields(data: bytes):
 
 def _values(feature: bytes) -> np.ndarray:
     """The values of a ``Feature`` (Int64List as int64, FloatList as float32; packed or not)."""
-    for kind, _, payload in _fields(feature):
+    for kind, _, payload in proto_fields(feature):
         if kind == 1:
             raise ValueError("BytesList features are not part of this format")
         values: list = []
-        for _, wire, item in _fields(payload):
+        for _, wire, item in proto_fields(payload):
             if kind == 2:  # FloatList
                 values.extend(np.frombuffer(item, "<f4").tolist())
             elif wire == 2:  # packed Int64List
@@ -149,9 +149,9 @@ def _values(feature: bytes) -> np.ndarray:
 def decode_example(record: bytes) -> dict[str, np.ndarray]:
     """One serialised ``tf.train.Example`` as ``{feature name: values}`` (for readers without TensorFlow)."""
     out = {}
-    for _, _, features in _fields(record):  # Example.features
-        for _, _, entry in _fields(features):  # Features.feature map entries
-            parts = {number: value for number, _, value in _fields(entry)}
+    for _, _, features in proto_fields(record):  # Example.features
+        for _, _, entry in proto_fields(features):  # Features.feature map entries
+            parts = {number: value for number, _, value in proto_fields(entry)}
             out[parts[1].decode()] = _values(parts.get(2, b""))
     return out
 

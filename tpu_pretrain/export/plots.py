@@ -1,7 +1,7 @@
 """Loss and accuracy curves of a run, read from its TensorBoard logs and drawn with matplotlib.
 
 For a PNG next to the run (``plot_run(RUN)`` writes ``RUN/plots/curves.png``) and for a notebook
-cell (``show_run(RUN)`` displays it inline), without TensorBoard itself: the event files are
+cell (``show_run(RUN)`` displays it inline), without TensorBoard or TensorFlow: the event files are
 TFRecords of ``Event`` protos, read here directly.
 """
 
@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
+from ..data.tfrecord import proto_fields, read_records
 from ..errors import UserInputError
 from ..train.run_folder import RunFolder
 
@@ -22,30 +25,55 @@ PANELS = (("Loss", ("loss", "mlm_loss", "nsp_loss")),
 def read_scalars(run_dir: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """``{"train": {tag: [(step, value), ...]}, "eval": {...}}`` from ``RUN/logs/<split>/events.*``.
 
-    Later events for the same step win, so a resumed run's repeated steps are not drawn twice.
+    Later events for the same step win, so a resumed run's repeated steps are not drawn twice. The event
+    files are read without TensorFlow, so a notebook can draw a run's curves while it trains elsewhere.
     """
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
-
     logs = RunFolder(run_dir).logs
     if not logs.is_dir():
         raise UserInputError(f"{run_dir} has no logs/ folder: no TensorBoard scalars to plot yet.")
-    out: dict[str, dict[str, dict[int, float]]] = {}
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for split_dir in sorted(p for p in logs.iterdir() if p.is_dir()):
         tags: dict[str, dict[int, float]] = {}
         for path in sorted(split_dir.glob("events.out.tfevents.*"), key=os.path.getmtime):
-            for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
-                event = event_pb2.Event.FromString(raw)
-                for value in event.summary.value:
-                    if value.HasField("tensor"):
-                        number = float(tf.make_ndarray(value.tensor))
-                    elif value.HasField("simple_value"):
-                        number = float(value.simple_value)
-                    else:
-                        continue
-                    tags.setdefault(value.tag, {})[int(event.step)] = number
-        out[split_dir.name] = tags
-    return {split: {tag: sorted(points.items()) for tag, points in tags.items()} for split, tags in out.items()}
+            try:
+                for step, tag, value in event_scalars(path):
+                    tags.setdefault(tag, {})[step] = value
+            except ValueError:  # the last record of a file being written: the next read completes it
+                continue
+        out[split_dir.name] = {tag: sorted(points.items()) for tag, points in tags.items()}
+    return out
+
+
+def event_scalars(path: str | os.PathLike):
+    """(step, tag, value) of each scalar in a TensorBoard event file (a TFRecord file of ``Event`` protos)."""
+    for record in read_records(path):
+        event = {number: value for number, _, value in proto_fields(record)}
+        step = event.get(EVENT_STEP, 0)
+        for number, _, value in proto_fields(event.get(EVENT_SUMMARY, b"")):
+            if number == SUMMARY_VALUE:
+                scalar = _scalar(value)
+                if scalar is not None:
+                    yield step, scalar[0], scalar[1]
+
+
+# Field numbers of TensorFlow's Event, Summary, Summary.Value and TensorProto messages.
+EVENT_STEP, EVENT_SUMMARY, SUMMARY_VALUE = 2, 5, 1
+VALUE_TAG, VALUE_SIMPLE, VALUE_TENSOR = 1, 2, 8
+TENSOR_DTYPE, TENSOR_CONTENT, TENSOR_FLOATS, TENSOR_DOUBLES = 1, 4, 5, 6
+DT_DOUBLE = 2
+
+
+def _scalar(value: bytes) -> tuple[str, float] | None:
+    fields = {number: item for number, _, item in proto_fields(value)}
+    tag = fields.get(VALUE_TAG, b"").decode()
+    if VALUE_SIMPLE in fields:
+        return tag, float(np.frombuffer(fields[VALUE_SIMPLE], "<f4")[0])
+    if VALUE_TENSOR not in fields:
+        return None
+    tensor = {number: item for number, _, item in proto_fields(fields[VALUE_TENSOR])}
+    dtype = "<f8" if tensor.get(TENSOR_DTYPE) == DT_DOUBLE else "<f4"
+    raw = tensor.get(TENSOR_CONTENT) or tensor.get(TENSOR_FLOATS) or tensor.get(TENSOR_DOUBLES)
+    return (tag, float(np.frombuffer(raw, dtype)[0])) if raw else None
 
 
 def plot_scalars(scalars: dict, title: str = ""):

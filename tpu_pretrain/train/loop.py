@@ -182,7 +182,7 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager) -> flo
     identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
     run.check_can_resume(identity)
     restored = manager.restore_latest()
-    run.write_run_files(trainer.config, trainer.bert_config, trainer.config.data.vocab_file)
+    run.write_run_files(trainer.config, trainer.bert_config, trainer.vocab_file)
     run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:

@@ -30,7 +30,11 @@ SUM = tf.distribute.ReduceOp.SUM
 
 
 def resolve_config(config: Config, data: DataInfo) -> Config:
-    """A copy of ``config`` completed from the data: its shapes, NSP and vocab (the caller's is not changed)."""
+    """A copy of ``config`` completed from the data's shapes and NSP (the caller's is not changed).
+
+    ``vocab_file`` stays as the user set it: the run records no path of this machine's data folder, which a
+    resumed run on another machine would otherwise read (:func:`vocab_file` resolves the one to use).
+    """
     resolved = copy.deepcopy(config)
     for key, value in (("max_seq_length", data.max_seq_length),
                        ("max_predictions_per_seq", data.max_predictions_per_seq)):
@@ -39,16 +43,19 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
             resolved.set(key, value)
     if data.settings.get("no_nsp"):
         resolved.data.no_nsp = True
-    vocab_file = config.data.vocab_file or data.vocab_file or ""
-    if vocab_file and not os.path.isfile(vocab_file):
-        raise UserInputError(f"vocab_file {vocab_file} does not exist.")
+    if config.data.vocab_file and not os.path.isfile(config.data.vocab_file):
+        raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
     if config.data.vocab_file and data.vocab_size:
         size = len(load_vocab(config.data.vocab_file))
         if size != data.vocab_size:
             raise UserInputError(f"vocab_file {config.data.vocab_file} has {size} tokens but the data in "
                                  f"{data.data_dir} was made with {data.vocab_size}; use the data's vocab.")
-    resolved.data.vocab_file = vocab_file
     return resolved
+
+
+def vocab_file(config: Config, data: DataInfo) -> str:
+    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither)."""
+    return config.data.vocab_file or data.vocab_file or ""
 
 
 class Trainer:
@@ -68,7 +75,8 @@ class Trainer:
                 f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
                 f"gradient_accumulation_steps ({k}) = {replicas * k}.")
         self.with_nsp = not config.data.no_nsp
-        vocab_size = len(load_vocab(config.data.vocab_file)) if config.data.vocab_file else self.data.vocab_size
+        self.vocab_file = vocab_file(config, self.data)
+        vocab_size = len(load_vocab(self.vocab_file)) if self.vocab_file else self.data.vocab_size
         self.bert_config: BertConfig = resolve_bert_config(
             model_size=m.model_size, bert_config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
             vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
@@ -82,9 +90,9 @@ class Trainer:
     def _dynamic_masking(self) -> DynamicMasking | None:
         if not self.config.train.dynamic_masking:
             return None
-        if not self.config.data.vocab_file:
+        if not self.vocab_file:
             raise UserInputError("dynamic_masking needs the vocab: set vocab_file.")
-        return DynamicMasking.from_vocab_file(self.config.data.vocab_file, self.config.data.masked_lm_prob)
+        return DynamicMasking.from_vocab_file(self.vocab_file, self.config.data.masked_lm_prob)
 
     def _build(self) -> None:
         t, d = self.config.train, self.config.data

@@ -1,0 +1,5 @@
+from . import record
+
+
+def authenticate_user():
+    record("auth.authenticate_user")

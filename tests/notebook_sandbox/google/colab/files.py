@@ -1,0 +1,5 @@
+from . import record
+
+
+def download(path):
+    record(f"files.download {path}")

@@ -1,0 +1,2 @@
+def get(name):
+    raise KeyError(name)

@@ -1,0 +1,154 @@
+"""The steps that need TensorFlow (train, evaluate, export) run as ``tpu-pretrain`` processes of their own.
+
+A notebook kernel never imports TensorFlow: on a TPU VM the processes run in the TPU environment (a kernel
+holding the TPU would need a restart after every run, and Kaggle's "Save & Run All" could not work), and
+everywhere the cell stays responsive and shows a progress bar, the package's own messages (resuming from,
+saved checkpoint, evaluations) and, while training, the curves as they grow. Interrupting the cell asks the
+process to save and stop, as Ctrl-C does in a terminal. A run whose local folder is gone (a new runtime)
+is first fetched from its durable copy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import storage
+from ..config import TRAIN, step_settings
+from ..errors import EXIT_STOPPED, UserInputError
+from ..runtime import tpu_vm_present
+from . import places
+from .params import Parameters
+from .views import LiveCurves
+
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
+# Settings the notebook decides itself (where things are); the others are passed on as they were set.
+PLACED = ("data_dir", "output_dir", "mirror_dir", "vocab_file")
+
+
+def training_python() -> str:
+    """The Python that trains: the TPU environment's on a TPU VM, this kernel's elsewhere."""
+    if tpu_vm_present():
+        from ..tpu_stack import tpu_python
+
+        return tpu_python()
+    return sys.executable
+
+
+def run(arguments: list[str], curves: LiveCurves | None = None, refresh_seconds: float = 30.0) -> int:
+    """``tpu-pretrain ARGUMENTS`` with the Python that has the TensorFlow stack, streamed; its exit code."""
+    return stream([training_python(), "-m", "tpu_pretrain", *arguments], curves, refresh_seconds)
+
+
+def run_or_raise(arguments: list[str]) -> None:
+    """:func:`run`, raising with the step's name when it fails (its messages are already in the cell)."""
+    returncode = run(arguments)
+    if returncode:
+        raise UserInputError(f"`tpu-pretrain {arguments[0]}` failed (exit {returncode}); its messages are above.")
+
+
+def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seconds: float = 30.0) -> str:
+    """Train (or continue) the run ``params.run_name``; return its local folder.
+
+    ``data_dir`` is the durable data folder; ``resume_from`` a durable copy of the run to continue when
+    this runtime has none (default: the project's mirror of the run).
+    """
+    mirror, run_dir = places.run_mirror(params), places.local_run_dir(params)
+    fetch_if_missing(run_dir, resume_from or mirror)
+    arguments = ["train", "--data_dir", places.local_data(data_dir), "--output_dir", run_dir]
+    if run_dir != mirror:
+        arguments += ["--mirror_dir", mirror]
+    arguments += settings_flags(params)
+    print(f"Training run {params.run_name!r} in {run_dir}" + (f", mirrored to {mirror}" if run_dir != mirror else ""))
+    returncode = run(arguments, LiveCurves(run_dir), refresh_seconds)
+    if returncode == EXIT_STOPPED:
+        print(f"Stopped before the end (session deadline or interrupt); the newest checkpoint is in {mirror}. "
+              "Run this notebook (or 05_resume) again to continue from it.")
+    elif returncode:
+        raise UserInputError(f"Training failed (exit {returncode}); its last messages are above.")
+    return run_dir
+
+
+def fetch_run(params: Parameters, source: str) -> str:
+    """The run ``params.run_name`` on this runtime's disk, brought from ``source`` if it is not here yet."""
+    run_dir = places.local_run_dir(params)
+    fetch_if_missing(run_dir, source)
+    return run_dir
+
+
+def evaluate(run_dir: str, data_dir: str, sentences: list[str], top_k: int = 5) -> str:
+    """Held-out figures (when the data is reachable) and fill-mask for the run's newest checkpoint."""
+    arguments = ["evaluate", run_dir, "--top_k", str(top_k)]
+    for sentence in sentences:
+        arguments += ["--sentence", sentence]
+    if data_dir and storage.exists(data_dir):
+        arguments += ["--data_dir", places.local_data(data_dir)]
+    else:
+        print(f"No data at {data_dir!r}: held-out figures are skipped (fill-mask still runs).")
+    run_or_raise(arguments)
+    return f"Results saved in {os.path.join(run_dir, 'evaluation.json')}."
+
+
+def export(run_dir: str, destination: str | os.PathLike) -> Path:
+    """The run's newest checkpoint as ``destination/hf`` (Hugging Face) and ``destination/tf`` (Google)."""
+    destination = Path(destination)
+    for format in ("hf", "tf"):
+        run_or_raise(["export", run_dir, "--format", format, "--output", str(destination / format)])
+    return destination
+
+
+def fetch_if_missing(run_dir: str, source: str) -> None:
+    """On a new runtime, bring the run back from its durable copy so training continues it."""
+    from ..train.mirror import fetch_run
+
+    if os.path.isfile(os.path.join(run_dir, "config.json")) or not storage.exists(storage.join(source, "config.json")):
+        return
+    fetch_run(source, run_dir)
+    print(f"Fetched the run from {source}: it continues from its newest checkpoint.")
+
+
+def settings_flags(params: Parameters) -> list[str]:
+    """The notebook's training settings as ``tpu-pretrain train`` flags (empty strings left out)."""
+    flags = []
+    for name, value in params.as_dict().items():
+        if name not in step_settings(TRAIN) or name in PLACED or value == "":
+            continue
+        flags.append(f"--{name}={str(value).lower() if isinstance(value, bool) else value}")
+    return flags
+
+
+def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float) -> int:
+    """Run ``command``, a bar for its steps, its other lines printed, the curves redrawn; its exit code."""
+    from tqdm.auto import tqdm
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    bar, last_refresh = None, time.monotonic()
+    try:
+        for line in process.stdout:
+            match = STEP_LINE.match(line)
+            if match:
+                bar = bar or tqdm(total=int(match.group(2)), unit="step", desc="training")
+                bar.update(int(match.group(1)) - bar.n)
+                bar.set_postfix_str(line[match.end():].strip()[:90])
+            else:
+                print(line.rstrip(), flush=True)
+            if curves is not None and time.monotonic() - last_refresh > refresh_seconds:
+                curves.refresh()
+                last_refresh = time.monotonic()
+    except KeyboardInterrupt:  # the cell was interrupted: ask for a clean stop, and wait for the last save
+        process.send_signal(signal.SIGINT)
+        print("Interrupted: saving a checkpoint and stopping...", flush=True)
+        for line in process.stdout:
+            print(line.rstrip(), flush=True)
+    finally:
+        if bar is not None:
+            bar.close()
+    if curves is not None:
+        curves.refresh()
+    return process.wait()
