@@ -67,7 +67,7 @@ def test_every_vocab_flag_changes_the_vocab(corpus, tmp_path):
     assert offered == set(VOCAB_CHANGES), "a vocab setting without a check here (or a check without a setting)"
 
     def vocab(name, **changes):
-        return digest(build_vocab(Config.load(input=[corpus], vocab_file=str(tmp_path / name / "vocab.txt"),
+        return digest(build_vocab(Config.load(input=[corpus], output_dir=str(tmp_path / name),
                                               **{**VOCAB_BASE, **changes})).path)
 
     base = vocab("base")
@@ -79,7 +79,7 @@ def test_every_create_data_flag_changes_the_shards(corpus, tmp_path):
     offered = set(step_settings(CREATE_DATA)) - WHERE_OR_HOW_FAST
     assert offered == set(DATA_CHANGES), "a create-data setting without a check here (or a check without a setting)"
     assert set(pinned_settings(DATA)) <= offered  # every setting that shapes the data is offered
-    vocab = build_vocab(Config.load(input=[corpus], vocab_file=str(tmp_path / "vocab.txt"), **VOCAB_BASE)).path
+    vocab = build_vocab(Config.load(input=[corpus], output_dir=str(tmp_path), **VOCAB_BASE)).path
 
     def shards(name, **changes):
         manifest = create_pretraining_data(Config.load(

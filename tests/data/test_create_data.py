@@ -49,7 +49,7 @@ def originals(batch):
 @pytest.fixture(scope="module")
 def english(tmp_path_factory):
     root = tmp_path_factory.mktemp("english")
-    vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=8000, vocab_file=str(root / "vocab.txt")))
+    vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=8000, output_dir=str(root)))
     config = Config.load(input=[str(WIKITEXT), str(BERT_SAMPLE)], vocab_file=vocab.path, output_dir=str(root / "data"),
                          split_sentences=True, do_whole_word_mask=True, dupe_factor=3, eval_fraction=0.02)
     manifest = create_pretraining_data(config)
@@ -138,13 +138,13 @@ def test_next_sentence_share_matches_the_original_algorithm(english):
 def test_documents_of_many_sentences_give_a_share_near_half(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(BERT_SAMPLE.read_text().splitlines() * 3) + "\n")
-    build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=6000, vocab_file=str(tmp_path / "v.txt"),
-                            vocab_sample_lines=2000))
-    config = Config.load(input=[str(corpus)], vocab_file=str(tmp_path / "v.txt"), output_dir=str(tmp_path / "d"),
+    vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=6000, output_dir=str(tmp_path),
+                                    vocab_sample_lines=2000)).path
+    config = Config.load(input=[str(corpus)], vocab_file=vocab, output_dir=str(tmp_path / "d"),
                          dupe_factor=100, eval_fraction=0)
     create_pretraining_data(config)
     share = read_shards(tmp_path / "d")["next_sentence_labels"].mean()
-    expected = _reference_share(config, str(tmp_path / "v.txt"), 100)
+    expected = _reference_share(config, vocab, 100)
     assert abs(share - expected) < 0.05 and 0.45 < share < 0.65, (share, expected)
 
 
@@ -161,7 +161,7 @@ def test_chinese_whole_word_masking_masks_every_character_of_a_jieba_word(tmp_pa
     corpus = tmp_path / "zh.txt"
     corpus.write_text("\n\n".join("\n".join(sentences[i:i + 4]) for i in range(0, 8000, 4)) + "\n", encoding="utf-8")
     vocab = build_vocab(Config.load(input=[str(ZH_FORTUNES)], doc_separator="%", vocab_size=21128,
-                                    vocab_file=str(tmp_path / "vocab.txt")))
+                                    output_dir=str(tmp_path)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(tmp_path / "d"),
                                         chinese_whole_word=True, dupe_factor=1, eval_fraction=0))
     # Word boundaries as jieba gives them for each sentence, laid end to end in corpus order.
@@ -219,7 +219,7 @@ def small_vocab(tmp_path_factory):
     from tpu_pretrain.data.sample_corpus import write_sample_corpus
 
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=300_000)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=4000, vocab_file=str(root / "vocab.txt")))
+    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=4000, output_dir=str(root)))
     return corpus, vocab.path
 
 

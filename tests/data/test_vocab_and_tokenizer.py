@@ -16,7 +16,7 @@ from tpu_pretrain.errors import UserInputError
 def english_vocab(tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab_en")
     result = build_vocab(Config.load(input=[str(WIKITEXT), str(BERT_SAMPLE)], vocab_size=8000,
-                                     vocab_file=str(out / "vocab.txt"), vocab_sample_lines=3000))
+                                     output_dir=str(out), vocab_sample_lines=3000))
     return result
 
 
@@ -24,7 +24,7 @@ def english_vocab(tmp_path_factory):
 def chinese_vocab(tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab_zh")
     return build_vocab(Config.load(input=[str(ZH_FORTUNES)], doc_separator="%", vocab_size=21128,
-                                   vocab_file=str(out / "vocab.txt")))
+                                   output_dir=str(out)))
 
 
 @needs_corpora
@@ -115,4 +115,4 @@ def test_too_small_vocab_says_what_size_is_needed(tmp_path):
     corpus.write_text("".join(chr(0x4E00 + i) * 2 + "\n" for i in range(400)))
     with pytest.raises(UserInputError, match=r"vocab_size=300 is too small.*raise vocab_size to at least"):
         build_vocab(Config.load(input=[str(corpus)], vocab_size=300, num_unused_tokens=10,
-                                vocab_file=str(tmp_path / "v.txt")))
+                                output_dir=str(tmp_path)))

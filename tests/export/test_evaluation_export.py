@@ -48,7 +48,7 @@ def run(tmp_path_factory):
     with open(WIKITEXT, encoding="utf-8") as handle:
         corpus.write_text(handle.read(300_000), encoding="utf-8")
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=2000, num_unused_tokens=10,
-                                    vocab_file=str(root / "vocab.txt")))
+                                    output_dir=str(root)))
     create_pretraining_data(Config.load(
         input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"), max_seq_length=SEQ,
         max_predictions_per_seq=PRED, dupe_factor=1, eval_fraction=0.1, split_sentences=True,

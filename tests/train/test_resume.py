@@ -32,7 +32,7 @@ def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume_data")
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=80_000)
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5,
-                                    vocab_file=str(root / "vocab.txt")))
+                                    output_dir=str(root)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
                                         max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1,
                                         num_shards=3, eval_fraction=0.05))

@@ -16,6 +16,7 @@ and redoes partial ones; an output folder made with other settings is refused, n
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import multiprocessing
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..config import DATA, Config, pinned_settings
 from ..errors import UserInputError
+from ..storage.local import check_writable_folder
 from .corpus import CorpusReader
 from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats
 from .shard import ShardTask, read_json, shard_complete, worker_init, write_json, write_shard
@@ -42,14 +44,26 @@ SHARD_TARGET_BYTES = 16 << 20
 # -- orchestration ----------------------------------------------------------------------------------
 def create_pretraining_data(config: Config) -> Manifest:
     """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
-    start = time.time()
     config.validate()
-    d, c = config.data, config.corpus
     if not config.storage.output_dir:
         raise UserInputError("Setting output_dir is empty: say where the shards go with --output_dir.")
-    if not d.vocab_file:
+    if not config.data.vocab_file:
         raise UserInputError("Setting vocab_file is empty: pass a vocab.txt (or build one with `tpu-pretrain vocab`).")
-    out = Path(config.storage.output_dir)
+    out = check_writable_folder(config.storage.output_dir)
+    try:
+        return _create(config, out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserInputError(
+            f"The disk under {out} is full ({exc.strerror}{': ' + str(exc.filename) if exc.filename else ''}). "
+            "Free space and run the same command again: complete shards are kept and only the rest is written."
+        ) from None
+
+
+def _create(config: Config, out: Path) -> Manifest:
+    start = time.time()
+    d, c = config.data, config.corpus
     vocab = load_vocab(d.vocab_file)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}

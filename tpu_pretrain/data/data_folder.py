@@ -112,14 +112,34 @@ class Manifest:
             )
         lines.append(f"corpus: {self.corpus_report}")
         lines.append(f"time: {self.seconds:.1f} s")
-        train = self.totals(TRAIN)
-        if not self.settings.get("no_nsp") and train["random_next"] > 0.7 * max(train["instances"], 1):
-            lines.append(
-                f"warning: {train['random_next'] / train['instances']:.0%} of instances have a random next segment "
-                "(about 50% is the aim): most documents hold one sentence, so next-sentence prediction learns "
-                "little. Use --split_sentences for a paragraph-per-line corpus, blank lines or --doc_separator "
-                "between documents, or --no_nsp.")
+        lines += [f"warning: {w}" for w in self.warnings()]
         return "\n".join(lines)
+
+    def warnings(self) -> list[str]:
+        """What makes this data worse than its settings promise, each with the fix."""
+        train, found = self.totals(TRAIN), []
+        instances, documents, shards = train["instances"], train["documents"], len(self.files(TRAIN))
+        doc_fix = "separate documents with blank lines (or --doc_separator lines)"
+        if not instances:
+            found.append(f"no training instances (from {documents} documents): train refuses this data. "
+                         "Give more text, or lower --max_seq_length.")
+        nsp = not self.settings.get("no_nsp") and instances
+        if nsp and train["random_next"] > 0.7 * instances:
+            found.append(
+                f"{train['random_next'] / instances:.0%} of instances have a random next segment (about 50% is "
+                "the aim): most documents hold one sentence, so next-sentence prediction learns little. Use "
+                "--split_sentences for a paragraph-per-line corpus, blank lines or --doc_separator between "
+                "documents, or --no_nsp.")
+        elif nsp and train["random_next"] < 0.3 * instances:
+            found.append(
+                f"only {train['random_next'] / instances:.0%} of instances have a random next segment (about 50% "
+                f"is the aim): a random next segment comes from another document of the same shard, and the "
+                f"{shards} shard(s) hold {documents} document(s). {doc_fix.capitalize()}, use fewer --num_shards "
+                "than documents, or --no_nsp.")
+        if self.settings.get("eval_fraction") and not self.files(EVAL):
+            found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
+                         f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")
+        return found
 
 
 def read_manifest(data_dir: str | os.PathLike) -> Manifest | None:

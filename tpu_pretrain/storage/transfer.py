@@ -120,6 +120,8 @@ def transfer(src: str, dst: str, options: TransferOptions | None = None) -> Tran
     """
     options = options or TransferOptions()
     src, dst = os.fspath(src), os.fspath(dst)
+    for location in (src, dst):
+        gcs.check_location(location)
     start = time.monotonic()
     items, single = _plan(src, dst)
     summary = TransferSummary(src, dst)
