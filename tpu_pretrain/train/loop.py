@@ -3,9 +3,9 @@
 Checkpoints are saved every ``save_checkpoints_steps``, at the end, and before stopping for the
 session deadline or SIGTERM/SIGINT; starting again in the same folder continues exactly: the same
 weights, optimizer state, step, input position and dropout masks, so the run neither repeats nor
-skips an example. One process trains in a run folder at a time (:mod:`.run_lock`). A loss or weight
-that is no longer finite stops training with :class:`TrainingDiverged` before anything is saved, so
-the last good checkpoint stays the newest.
+skips an example. One process trains in a run folder at a time (:mod:`.run_lock`). A loss, weight or
+optimizer moment that is no longer finite stops training with :class:`TrainingDiverged` before anything
+is saved, so the last good checkpoint stays the newest.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     stopping = stop_reason is not None and step < total
     if step % t.save_checkpoints_steps == 0 or step == total or stopping:
         if not trainer.weights_finite():
-            raise _diverged(trainer, manager, step, "weights that are no longer finite")
+            raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
                             "steps_per_second": throughput.steps_per_second, "saved_at": time.time()})
     if not stopping:

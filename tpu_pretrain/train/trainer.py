@@ -294,8 +294,10 @@ class Trainer:
         return metrics_from_sums(totals)
 
     def weights_finite(self) -> bool:
-        """Whether every trainable weight is finite (no NaN or Inf): what may be saved."""
-        return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in self.model.trainable_variables)
+        """Whether every weight and optimizer slot is finite (no NaN or Inf): what may be saved."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        variables = self.model.trainable_variables + [v for v in optimizer.variables if v.dtype.is_floating]
+        return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables)
 
     def learning_rate(self) -> float:
         opt = getattr(self.optimizer, "inner_optimizer", self.optimizer)
