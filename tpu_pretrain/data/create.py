@@ -23,6 +23,8 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -109,13 +111,27 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int) -> dict[str, 
         if workers == 1:
             written = map(write_shard, pending)
         else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-                workers, initializer=worker_init, initargs=(workers,)))
+            with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
+                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+                    workers, initializer=worker_init, initargs=(workers,)))
             written = pool.imap_unordered(write_shard, pending)
         for stats in written:
             shards[stats.file] = stats
             bar.update()
     return shards
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored():
+    """SIGINT ignored while worker processes start (they keep that; this process handles Ctrl-C and stops them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def auto_num_shards(corpus_bytes: int) -> int:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import random
-import signal
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,9 +54,7 @@ class ShardTask:
 
 
 def worker_init(workers: int) -> None:
-    """Share the cores between worker processes (each tokeniser would otherwise take them all); leave Ctrl-C to
-    the parent, which stops the pool (a worker's traceback would only bury its message)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Share the cores between worker processes (each tokeniser would otherwise take them all)."""
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     os.environ["RAYON_NUM_THREADS"] = threads
     os.environ["RAYON_RS_NUM_CPUS"] = threads
