@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, flags, _) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES)
+        p.set_defaults(subparser=p)  # for the message about an unknown flag
         p.add_argument("--config", help="JSON or YAML file of settings; flags override it.")
         add_config_arguments(p, flags)
         if name in _ARGUMENTS:
@@ -114,9 +115,8 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str]) -> arg
     """Parse, reading ``--flag -1e-4`` as a value, and answering an unknown flag with the flag meant."""
     args, unknown = parser.parse_known_args(_negative_values_attached(argv))
     if unknown:
-        subcommand = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        chosen = subcommand.choices[args.command]
-        chosen.error(f"unrecognized arguments: {' '.join(unknown)}{_flag_hint(chosen, args.command, unknown)}")
+        hint = _flag_hint(args.subparser, args.command, unknown)
+        args.subparser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     return args
 
 
