@@ -101,9 +101,9 @@ def test_compression_is_recognised_by_content_and_what_is_not_text_is_refused(tm
     import tarfile
 
     upper = tmp_path / "CORPUS.TXT.GZ"
-    upper.write_bytes(gzip.compress("a gzip file with an upper-case name.\n".encode()))
+    upper.write_bytes(gzip.compress(b"a gzip file with an upper-case name.\n"))
     misnamed = tmp_path / "plain.txt"
-    misnamed.write_bytes(bz2.compress("bzip2 content in a .txt file.\n".encode()))
+    misnamed.write_bytes(bz2.compress(b"bzip2 content in a .txt file.\n"))
     docs, stats = read_docs([upper, misnamed])
     assert docs == [["a gzip file with an upper-case name."], ["bzip2 content in a .txt file."]]
     assert stats.undecodable_lines == 0
