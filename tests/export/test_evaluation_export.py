@@ -296,7 +296,8 @@ def test_tf_export_loads_in_bert4keras_with_google_names(run, trained):
     from bert4keras.models import build_transformer_model
 
     folder = export(run, "tf", trained=trained)
-    assert sorted(p.name for p in folder.iterdir()) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
+    assert sorted(p.name for p in folder.iterdir()) == [".tpu_pretrain_export.json", "bert_config.json",
+                                                        "bert_model.ckpt.data-00000-of-00001",
                                                         "bert_model.ckpt.index", "checkpoint", "vocab.txt"]
     names = dict(tf.train.list_variables(str(folder / "bert_model.ckpt")))
     assert names["bert/encoder/layer_1/attention/self/query/kernel"] == [128, 128]
