@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..config import CorpusConfig
 from ..errors import UserInputError
-from .corpus_files import DAMAGED_STREAM, check_text_file, open_corpus_file
+from .corpus_files import DAMAGED_STREAM, check_text_file, open_corpus_file, read_error
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +203,7 @@ class CorpusReader:
                         if line is not _SKIP:
                             yield line
             except DAMAGED_STREAM as exc:
-                raise UserInputError(f"Corpus file {path} is damaged after line {number} ({type(exc).__name__}: "
-                                     f"{exc}): download or compress it again.") from None
+                raise read_error(path, exc, f"after line {number}") from None
             if not number:
                 self.stats.empty_files.append(path)
             yield None  # a file always ends a document

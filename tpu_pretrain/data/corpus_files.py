@@ -29,8 +29,8 @@ UNSUPPORTED = {
     b"\x7fELF": "a program (ELF binary), not text",
     b"%PDF": "a PDF document: extract its text first (e.g. pdftotext)",
 }
-# Exceptions a damaged compressed stream raises part-way through.
-DAMAGED_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError)
+# Exceptions a damaged compressed stream (or a failing disk) raises part-way through; see read_error().
+DAMAGED_STREAM = (EOFError, zlib.error, lzma.LZMAError, OSError)
 
 
 def open_corpus_file(path: str) -> io.BufferedIOBase:
@@ -52,7 +52,7 @@ def check_text_file(path: str, encoding: str) -> None:
         with open_corpus_file(path) as handle:
             start = handle.read(SNIFF_BYTES)
     except DAMAGED_STREAM as exc:
-        raise UserInputError(f"Corpus file {path} is damaged at its start ({type(exc).__name__}: {exc}).") from None
+        raise read_error(path, exc, "at its start") from None
     if len(start) > 262 and start[257:262] == b"ustar":
         raise UserInputError(f"Corpus file {path} is a tar archive: extract it (tar xf {path}) and give the folder.")
     if b"\x00" in start:
@@ -69,6 +69,14 @@ def check_text_file(path: str, encoding: str) -> None:
             f"Corpus file {path}: {bad} of the first {len(lines)} lines are not valid {encoding} text. If it is "
             f"text in another encoding, say which with --encoding (e.g. latin-1, cp1252, gbk, shift_jis); if it "
             "is not text, leave it out.")
+
+
+def read_error(path: str, exc: BaseException, where: str) -> UserInputError:
+    """A read that failed ``where`` in a corpus file: the disk or permissions (an errno), or damaged content."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return UserInputError(f"Corpus file {path} cannot be read {where}: {exc.strerror}.")
+    return UserInputError(f"Corpus file {path} is damaged {where} ({type(exc).__name__}: {exc}): download or "
+                          "compress it again.")
 
 
 def _decodes(line: bytes, encoding: str) -> bool:
