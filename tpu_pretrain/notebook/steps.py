@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from .. import storage
+from ..cli import EXIT_STOPPED_EARLY
 from ..config import TRAIN, step_settings
-from ..errors import EXIT_STOPPED, UserInputError
+from ..errors import UserInputError
 from ..runtime import tpu_vm_present
 from . import places
 from .params import Parameters
@@ -66,7 +67,7 @@ def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seco
     arguments += settings_flags(params)
     print(f"Training run {params.run_name!r} in {run_dir}" + (f", mirrored to {mirror}" if run_dir != mirror else ""))
     returncode = run(arguments, LiveCurves(run_dir), refresh_seconds)
-    if returncode == EXIT_STOPPED:
+    if returncode == EXIT_STOPPED_EARLY:
         print(f"Stopped before the end (session deadline or interrupt); the newest checkpoint is in {mirror}. "
               "Run this notebook (or 05_resume) again to continue from it.")
     elif returncode:
