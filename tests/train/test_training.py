@@ -220,20 +220,11 @@ def test_batch_must_divide_and_model_must_be_named(data_dir, tmp_path):
               train_batch_size=10, gradient_accumulation_steps=4)
 
 
-def test_accelerator_detection_and_tpu_diagnostics(monkeypatch):
+def test_accelerator_detection_and_a_tpu_asked_for_where_there_is_none(monkeypatch):
     found = acc.detect_accelerator("cpu")
     assert found.kind == "cpu" and found.precision == "float32" and not found.jit_compile
-    monkeypatch.setattr(tpu, "tpu_vm_present", lambda: False)
-    assert "Change runtime type" in tpu.diagnose_tpu()
-    monkeypatch.setattr(tpu, "tpu_vm_present", lambda: True)
-    monkeypatch.setattr(tpu, "installed_version", lambda *names: None)
-    message = tpu.diagnose_tpu()
-    assert f"tensorflow-tpu=={tpu.TENSORFLOW_TPU_VERSION}" in message and "libtpu" in message
-    versions = {"tensorflow-tpu": "2.18.0", "libtpu": "2.17.1"}
-    monkeypatch.setattr(tpu, "installed_version", lambda *names: next(
-        (versions[n] for n in names if n in versions), None))
-    assert "does not match" in tpu.diagnose_tpu()
-    with pytest.raises(tpu.AcceleratorError, match="tensorflow-tpu"):
+    monkeypatch.setattr(acc, "tpu_vm_present", lambda: False)
+    with pytest.raises(tpu.AcceleratorError, match="this machine has no TPU"):
         acc.detect_accelerator("tpu")
 
 
