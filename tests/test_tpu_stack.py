@@ -331,6 +331,18 @@ def test_stream_passes_lines_on_and_stops_a_command_at_its_timeout():
     assert status == -signal.SIGKILL
 
 
+def test_a_command_runs_in_an_environment_streamed_and_without_the_callers_paths(monkeypatch, capsys):
+    monkeypatch.setenv("TPU_LIBRARY_PATH", "/usr/local/lib/python3.13/dist-packages/libtpu/libtpu.so")  # JAX's
+    monkeypatch.setenv("PYTHONPATH", "/usr/local/lib/python3.13/dist-packages")
+    here = tpu_env.TpuEnvironment(Path(sys.prefix))  # this environment stands in for the TPU one
+    env = tpu_env.child_environment(here.path)
+    assert "TPU_LIBRARY_PATH" not in env and "PYTHONPATH" not in env
+    assert env["PATH"].startswith(str(here.path / "bin")) and env["VIRTUAL_ENV"] == str(here.path)
+    assert here.run(["tpu-check"]) == 1
+    out = capsys.readouterr().out
+    assert "TPU check FAILED: No TPU is attached" in out and "ended with status" not in out  # explained once
+
+
 def test_a_folder_that_is_not_an_environment_is_never_touched(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(tpu_env.TpuEnvironmentError, match="is not a Python environment"):

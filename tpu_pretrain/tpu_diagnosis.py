@@ -244,11 +244,11 @@ def error_findings(text: str, where: str | None = None) -> list[Finding]:
             found.append(Finding(cause.format(*groups), fix.format(*groups)))
     if re.search(NETWORK, text):
         if (where or runtime()) == KAGGLE:
-            found.append(Finding("pip cannot reach PyPI: this Kaggle notebook has no Internet.",
+            found.append(Finding("A download failed: this Kaggle notebook has no Internet.",
                                  "in the notebook's side panel, Session options > Internet: on. Kaggle allows it only "
                                  "for a phone-verified account (Settings > Phone verification)."))
         else:
-            found.append(Finding("pip cannot reach PyPI (no network or a proxy in the way).",
+            found.append(Finding("A download failed: no network, or a proxy or firewall in the way.",
                                  "check the connection, then run again."))
     return found
 

@@ -23,8 +23,8 @@ V, T, P = 200, 32, 5
 TINY = {"vocab_size": V, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
         "intermediate_size": 128, "max_position_embeddings": 64}
 # bfloat16 keeps 8 bits of mantissa; the loss (computed in float32 from the logits) follows float32's closely.
-# Measured when written: at most 1.3e-4 relative over these steps (benchmarks/bench_bfloat16.py: 0.7% after
-# 200 steps of L2-H128). The tolerance is 15 times that.
+# Measured when written: at most 1.3e-4 relative over these steps; the tolerance is 15 times that (longer runs:
+# benchmarks/bench_bfloat16.py).
 BFLOAT16_RTOL = 2e-3
 
 SCRIPT = textwrap.dedent("""
