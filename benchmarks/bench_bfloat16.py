@@ -27,7 +27,7 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf
 
 # isort: on
-from pretraining_fixtures import synthetic_instances, write_shards, write_vocab
+from pretraining_fixtures import synthetic_data_folder
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.train.accelerator import Accelerator
@@ -51,9 +51,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        write_shards(folder, {"train": synthetic_instances(256, 32, 5, 200),
-                              "eval": synthetic_instances(256, 32, 5, 200, seed=1)}, 32, 5, 200)
-        write_vocab(os.path.join(folder, "vocab.txt"), 200)
+        synthetic_data_folder(folder, 256, 256)
         f32, f32_eval = curve(folder, "float32", args)
         bf16, bf16_eval = curve(folder, "bfloat16", args)
     print(f"{args.model_size}, {args.steps} steps of {args.batch} x 32 tokens; train loss every {args.steps // 10}:")

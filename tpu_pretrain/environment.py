@@ -67,6 +67,9 @@ def configure_keras2() -> None:
         )
 
 
+_AT_IMPORT: dict[str, str | None] | None = None  # the PJRT variables as TensorFlow saw them at its import
+
+
 def configure_tpu_runtime() -> None:
     """Set TensorFlow's TPU variables before it is imported: PJRT on a TPU VM, TPU_LOAD_LIBRARY=0 elsewhere.
 
@@ -74,26 +77,21 @@ def configure_tpu_runtime() -> None:
     variables as TensorFlow saw them are kept for the diagnosis (:func:`tpu_variables_at_import`).
     """
     global _AT_IMPORT
-    environ = os.environ
-    tensorflow_imported = "tensorflow" in sys.modules
-    before = {name: environ.get(name) for name in PJRT_VARIABLES}
+    before = {name: os.environ.get(name) for name in PJRT_VARIABLES}
     if installed_version("tensorflow-tpu"):
         if tpu_vm_present():
             library = libtpu_library()
-            environ["PJRT_DEVICE"] = "TPU"
-            environ["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
+            os.environ["PJRT_DEVICE"] = "TPU"
+            os.environ["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
             if library:  # this environment's libtpu, not one another environment (JAX's) announced
-                environ["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = environ["TPU_LIBRARY_PATH"] = library
-            flags = environ.get("TF_XLA_FLAGS", "")
+                os.environ["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.environ["TPU_LIBRARY_PATH"] = library
+            flags = os.environ.get("TF_XLA_FLAGS", "")
             if MLIR_BRIDGE_FLAG not in flags:
-                environ["TF_XLA_FLAGS"] = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
+                os.environ["TF_XLA_FLAGS"] = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
         else:
-            environ.setdefault("TPU_LOAD_LIBRARY", "0")
+            os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
     if _AT_IMPORT is None:
-        _AT_IMPORT = before if tensorflow_imported else {name: environ.get(name) for name in PJRT_VARIABLES}
-
-
-_AT_IMPORT: dict[str, str | None] | None = None
+        _AT_IMPORT = before if "tensorflow" in sys.modules else {name: os.environ.get(name) for name in PJRT_VARIABLES}
 
 
 def tpu_variables_at_import() -> dict[str, str | None]:

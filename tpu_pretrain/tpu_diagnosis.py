@@ -29,7 +29,8 @@ LOCK_FILE = "/tmp/libtpu_lockfile"  # libtpu's one-process-per-TPU lock (a POSIX
 TPU_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*")
 TPU_ENVIRONMENT = ("train through the TPU environment: tpu_pretrain.tpu_env.run_tpu_pretrain(['train', ...]) "
                    "builds it (Python 3.12, the pinned set, checked) and runs `tpu-pretrain` there")
-REINSTALL = "pip uninstall -y {intruder} && pip install --force-reinstall --no-deps tensorflow-tpu=={tpu}"
+REINSTALL = ("pip uninstall -y {intruder} && pip install --force-reinstall --no-deps tensorflow-tpu=={tpu}, or "
+             "rebuild the TPU environment (tpu-pretrain tpu-env --rebuild).")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def stack_findings(report: StackReport) -> list[Finding]:
         found.append(Finding(
             f"{name} {version} is installed beside tensorflow-tpu {tpu}: both install into the same tensorflow/ "
             "folder, so files of the TPU build were overwritten (tf-keras installed with its dependencies does this).",
-            REINSTALL.format(intruder=name, tpu=tpu) + ", or rebuild the TPU environment."))
+            REINSTALL.format(intruder=name, tpu=tpu)))
     record = report.record
     if record is not None and not record.ok:
         files = record.modified + record.missing
@@ -87,8 +88,7 @@ def stack_findings(report: StackReport) -> list[Finding]:
             f"{len(record.modified)} file(s) of tensorflow-tpu {tpu} differ from the hashes its wheel recorded and "
             f"{len(record.missing)} are missing (for example {sample}): another TensorFlow wheel was written over it, "
             "or removed with files the TPU build needs.",
-            REINSTALL.format(intruder=" ".join(report.other_builds) or "tensorflow", tpu=tpu)
-            + ", or rebuild the TPU environment."))
+            REINSTALL.format(intruder=" ".join(report.other_builds) or "tensorflow", tpu=tpu)))
     found += _libtpu_findings(tpu, report.libtpu)
     keras = report.versions.get("tf-keras")
     if keras and keras.split(".")[:2] != tpu.split(".")[:2]:

@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from pretraining_fixtures import synthetic_instances, write_shards, write_vocab
+from pretraining_fixtures import synthetic_data_folder, synthetic_instances, write_shards
 
 from tpu_pretrain.data.data_folder import MANIFEST, check_token_ids, read_data_info
 from tpu_pretrain.environment import installed_version
@@ -96,10 +96,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("data"))
-    write_shards(folder, {"train": synthetic_instances(128, T, P, V),
-                          "eval": synthetic_instances(16, T, P, V, seed=1)}, T, P, V)
-    write_vocab(os.path.join(folder, "vocab.txt"), V)
+    folder = synthetic_data_folder(str(tmp_path_factory.mktemp("data")), 128, 16, T, P, V)
     with open(os.path.join(folder, "bert_config.json"), "w") as handle:
         json.dump(TINY, handle)
     return folder

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 # isort: on
 from corpora import WIKITEXT
-from pretraining_fixtures import synthetic_instances, write_shards, write_vocab
+from pretraining_fixtures import synthetic_data_folder
 
 from tpu_pretrain.data.data_folder import read_data_info
 from tpu_pretrain.errors import UserInputError
@@ -30,11 +30,7 @@ V, T, P = 200, 32, 5
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("data"))
-    write_shards(folder, {"train": synthetic_instances(256, T, P, V),
-                          "eval": synthetic_instances(64, T, P, V, seed=1)}, T, P, V)
-    write_vocab(os.path.join(folder, "vocab.txt"), V)
-    return folder
+    return synthetic_data_folder(str(tmp_path_factory.mktemp("data")), 256, 64, T, P, V)
 
 
 def test_input_pipeline_static_int32_deterministic(data_dir):
