@@ -15,6 +15,7 @@
 - ``run_folder``: the contract of a run folder; ``status``: where a run stands.
 """
 
-from ..environment import check_dependencies
+from ..environment import check_dependencies, import_tensorflow
 
 check_dependencies()  # TensorFlow, a matching tf-keras and the pinned bert4keras, or the command that installs them
+import_tensorflow()  # first, so that TensorFlow's C++ start-up noise is filtered whichever module comes next
