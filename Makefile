@@ -1,22 +1,28 @@
 # Two entry points for a fresh machine with Python 3.11 and make: `make demo` and `make test`.
-# Each creates .venv and installs everything it needs on first use.
+# Each creates .venv and installs everything it needs on first use. `make test` also builds the TPU stack's own
+# environment (.venv-tpu: Python 3.12, tensorflow-tpu) and runs the TPU-relevant tests there on the CPU.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-TF_VERSION ?= 2.21.0
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(TF_VERSION)
+REQUIREMENTS := $(wildcard tpu_pretrain/requirements/*.txt)
+STAMP := $(VENV)/.installed
+TPU_VENV := .venv-tpu
+# What the TPU stack job runs with the TPU build: the model, training, resume, checkpoint, export and compilation
+# tests (the HF-parity ones skip: torch is not installed there, its CUDA build's triton crashes beside TensorFlow).
+TPU_STACK_TESTS := tests/train tests/export/test_evaluation_export.py tests/test_tpu_stack.py
+TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
-.PHONY: install test lint demo clean
+.PHONY: install test test-tpu-stack lint demo clean
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml Makefile
+$(STAMP): setup.cfg pyproject.toml Makefile $(REQUIREMENTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	# TensorFlow and tf-keras must share a minor version (Keras 2 for bert4keras).
-	$(BIN)/python -m pip install --quiet "tensorflow==$(TF_VERSION)" "tf-keras==$(TF_VERSION)" -e ".[dev]"
+	# [cpu]: the pinned standard TensorFlow with its tf-keras (tpu_pretrain/requirements/cpu_gpu.txt).
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
 	# bert4keras 0.11.5 pins keras<=2.3.1, which would pull an ancient Keras: install without deps.
-	$(BIN)/python -m pip install --quiet --no-deps "bert4keras==0.11.5"
+	$(BIN)/python -m pip install --quiet --no-deps -r tpu_pretrain/requirements/no_deps.txt
 	touch $@
 
 lint: $(STAMP)
@@ -25,9 +31,18 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q -ra; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+	$(MAKE) test-tpu-stack
+
+# The TPU environment, built by the code the notebooks run on a TPU VM (reused while its files are unchanged),
+# then the demo and the tests with the TPU build on the CPU (the package sets TPU_LOAD_LIBRARY=0 off a TPU VM).
+test-tpu-stack: $(STAMP)
+	$(BIN)/tpu-pretrain tpu-env --venv $(TPU_VENV) --extras test
+	rm -rf $(TPU_VENV)/demo_run
+	$(TPU_VENV)/bin/tpu-pretrain demo --output_dir $(TPU_VENV)/demo_run
+	$(TPU_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(TPU_STACK_TESTS) -k "$(TPU_STACK_SKIP)"
 
 demo: $(STAMP)
 	$(BIN)/tpu-pretrain demo --output_dir demo_run
 
 clean:
-	rm -rf $(VENV) demo_run .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(TPU_VENV) demo_run .pytest_cache .ruff_cache *.egg-info

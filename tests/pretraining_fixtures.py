@@ -75,3 +75,13 @@ def write_shards(folder: str, instances_by_split: dict, seq_len: int, max_pred: 
     with open(os.path.join(folder, "manifest.json"), "w") as handle:
         json.dump(manifest.to_json(), handle, indent=2)
     return folder
+
+
+def synthetic_data_folder(folder: str, train: int, evals: int, seq_len: int = 32, max_pred: int = 5,
+                          vocab_size: int = 200) -> str:
+    """A data folder of learnable toy instances: train and eval shards, manifest.json and vocab.txt."""
+    write_shards(folder, {"train": synthetic_instances(train, seq_len, max_pred, vocab_size),
+                          "eval": synthetic_instances(evals, seq_len, max_pred, vocab_size, seed=1)},
+                 seq_len, max_pred, vocab_size)
+    write_vocab(os.path.join(folder, "vocab.txt"), vocab_size)
+    return folder

@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
-    ("errors", "formatting", "runtime", "environment", "release"),
+    ("errors", "formatting", "runtime", "release", "tpu_stack", "environment", "tpu_diagnosis", "tpu_env"),
     ("storage",),
     ("config", "config_checks"),
     ("data",),

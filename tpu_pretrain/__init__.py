@@ -1,13 +1,15 @@
 """tpu_pretrain: pretrain BERT-family masked language models on free TPUs, GPUs or a CPU.
 
-Importing the package selects Keras 2 for TensorFlow (bert4keras needs it) before TensorFlow is
-imported, and checks that the pinned bert4keras and a matching tf-keras are installed.
+Importing the package sets what TensorFlow reads when it is imported (Keras 2 for bert4keras; the TPU
+runtime's variables) and never imports TensorFlow itself, so a notebook kernel on a TPU runtime can use
+the TPU environment (:mod:`.tpu_env`) without loading TensorFlow. Whether tf-keras and bert4keras are
+installed is checked where training starts (:mod:`.train`).
 """
 
-from .environment import EnvironmentSetupError, check_dependencies, configure_keras2
+from .environment import EnvironmentSetupError, configure_keras2, configure_tpu_runtime
 from .release import VERSION as __version__
 
 configure_keras2()
-check_dependencies()
+configure_tpu_runtime()
 
 __all__ = ["EnvironmentSetupError", "__version__"]

@@ -4,6 +4,10 @@ Keras 2 mode: bert4keras needs Keras 2. TensorFlow 2.16+ defaults to Keras 3, an
 ``tf.keras`` is touched, so the environment variables must be set before that. This module has no
 heavy imports: importing :mod:`tpu_pretrain` stays fast for the data-preparation steps.
 
+The TPU build: TensorFlow reads its TPU variables when it is imported. On a TPU VM the package sets the PJRT
+runtime's variables (TPU v5e needs them); anywhere else, with the TPU build installed, it sets
+``TPU_LOAD_LIBRARY=0``, without which ``import tensorflow`` waits on a cloud metadata server that is not there.
+
 Overrides: the few environment variables the package reads that are not settings of ``Config`` are
 listed in :data:`ENVIRONMENT_OVERRIDES` and read only through :func:`environment_override`.
 """
@@ -15,9 +19,16 @@ import os
 import re
 import sys
 import tempfile
-from importlib import metadata
+from importlib import metadata, util
+from pathlib import Path
 
-BERT4KERAS_VERSION = "0.11.5"
+from .runtime import tpu_vm_present
+from .tpu_stack import NO_DEPS, pins
+
+BERT4KERAS_VERSION = pins(NO_DEPS)["bert4keras"]  # the package's requirement file names the version
+# What TensorFlow's PJRT runtime needs on a TPU v5e (Google's keras-rs TPU CI sets the same).
+PJRT_VARIABLES = ("PJRT_DEVICE", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
+MLIR_BRIDGE_FLAG = "--tf_mlir_enable_mlir_bridge=true"
 
 # Variables that are not settings of Config: each covers a case Config does not (tests, emulators,
 # sign-in); README.md lists them too.
@@ -27,7 +38,8 @@ ENVIRONMENT_OVERRIDES = {
     "GOOGLE_CLOUD_PROJECT": "The project for Cloud Storage calls when the credentials do not name one.",
     "TPU_PRETRAIN_GCS_RETRY_SECONDS": "Bound on the client library's retries of one Cloud Storage metadata call "
                                       "(default 30; uploads and downloads retry on top, transfer_retries times).",
-    "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered (default ~/.cache/tpu_pretrain).",
+    "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered and the TPU environment is built "
+                              "(default ~/.cache/tpu_pretrain).",
     "HF_TOKEN": "A Hugging Face token for pushing an export to the Hub (on Colab and Kaggle: a secret of that name).",
 }
 
@@ -59,6 +71,47 @@ def configure_keras2() -> None:
         )
 
 
+_AT_IMPORT: dict[str, str | None] | None = None  # the PJRT variables as TensorFlow saw them at its import
+
+
+def configure_tpu_runtime() -> None:
+    """Set TensorFlow's TPU variables before it is imported: PJRT on a TPU VM, TPU_LOAD_LIBRARY=0 elsewhere.
+
+    Only where the TPU build (tensorflow-tpu) is installed; the standard build never loads libtpu. The
+    variables as TensorFlow saw them are kept for the diagnosis (:func:`tpu_variables_at_import`).
+    """
+    global _AT_IMPORT
+    before = {name: os.environ.get(name) for name in PJRT_VARIABLES}
+    if installed_version("tensorflow-tpu"):
+        if tpu_vm_present():
+            library = libtpu_library()
+            os.environ["PJRT_DEVICE"] = "TPU"
+            os.environ["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
+            if library:  # this environment's libtpu, not one another environment (JAX's) announced
+                os.environ["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.environ["TPU_LIBRARY_PATH"] = library
+            flags = os.environ.get("TF_XLA_FLAGS", "")
+            if MLIR_BRIDGE_FLAG not in flags:
+                os.environ["TF_XLA_FLAGS"] = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
+        else:
+            os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
+    if _AT_IMPORT is None:
+        _AT_IMPORT = before if "tensorflow" in sys.modules else {name: os.environ.get(name) for name in PJRT_VARIABLES}
+
+
+def tpu_variables_at_import() -> dict[str, str | None]:
+    """The PJRT variables as they were when TensorFlow was imported (before tpu_pretrain, if it came first)."""
+    return dict(_AT_IMPORT or {name: os.environ.get(name) for name in PJRT_VARIABLES})
+
+
+def libtpu_library() -> str | None:
+    """This environment's ``libtpu/libtpu.so`` (found without importing libtpu), or None."""
+    spec = util.find_spec("libtpu")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "libtpu.so"
+    return str(path) if path.is_file() else None
+
+
 def _keras_major(tf) -> int:
     """Major version of the Keras behind ``tf.keras`` (touching it fixes TensorFlow's choice)."""
     try:
@@ -69,16 +122,21 @@ def _keras_major(tf) -> int:
 
 
 def check_dependencies() -> None:
-    """Fail early, with the install command, when tf-keras or bert4keras is missing or mismatched."""
+    """Fail early, with the install command, when TensorFlow, tf-keras or bert4keras is missing or mismatched."""
     problems = []
     tf_version = installed_version("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
     tfk_version = installed_version("tf-keras")
-    if tf_version and not tfk_version:
-        problems.append(f"tf-keras is missing: pip install 'tf-keras=={minor_version(tf_version)}.*'")
-    elif tf_version and tfk_version and minor_version(tf_version) != minor_version(tfk_version):
+    # Beside the TPU build, tf-keras goes in without its dependency on the standard `tensorflow` wheel.
+    no_deps = "--no-deps " if installed_version("tensorflow-tpu") else ""
+    if not tf_version:
+        problems.append("TensorFlow is not installed: pip install 'tpu_pretrain[cpu]' (the CPU/GPU build); on a TPU "
+                        "VM, train through tpu_pretrain.tpu_env, which makes the TPU build's own environment")
+    elif not tfk_version:
+        problems.append(f"tf-keras is missing: pip install {no_deps}'tf-keras=={minor_version(tf_version)}.*'")
+    elif minor_version(tf_version) != minor_version(tfk_version):
         problems.append(
             f"tf-keras {tfk_version} does not match TensorFlow {tf_version}: "
-            f"pip install 'tf-keras=={minor_version(tf_version)}.*'"
+            f"pip install {no_deps}'tf-keras=={minor_version(tf_version)}.*'"
         )
     b4k_version = installed_version("bert4keras")
     if b4k_version != BERT4KERAS_VERSION:
@@ -150,8 +208,6 @@ def import_tensorflow():
     """TensorFlow, imported (and its devices listed, off TPU VMs) with the C++ start-up noise filtered out."""
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    from .runtime import tpu_vm_present
-
     with native_stderr_filtered():
         import tensorflow as tf
 

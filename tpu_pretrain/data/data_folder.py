@@ -252,3 +252,29 @@ def record_shapes(path: str) -> tuple[int, int]:
         return len(example["input_ids"]), len(example["masked_lm_positions"])
     except KeyError as exc:
         raise UserInputError(f"{path} is not in the BERT pretraining schema (no {exc}).") from None
+
+
+def check_token_ids(info: DataInfo, vocab_size: int, records_per_shard: int = 64, max_shards: int = 64) -> None:
+    """Refuse data whose token ids reach ``vocab_size``, from the first records of (up to) ``max_shards`` shards.
+
+    Why on the host, before training: on a TPU the embedding lookup is an XLA gather, which clamps an
+    out-of-range id to the last row without an error, so a vocab mismatch would train silently on wrong tokens.
+    The manifest's vocab size is compared by whoever builds the model; this reads the records themselves (data
+    from other tools has no manifest), a few per shard, so it costs well under a second.
+    """
+    files = info.train_files + info.eval_files
+    step = max(1, len(files) // max_shards)
+    for path in files[::step]:
+        for index, record in enumerate(read_records(path)):
+            if index == records_per_shard:
+                break
+            example = decode_example(record)
+            for feature in ("input_ids", "masked_lm_ids"):
+                values = example.get(feature)
+                if values is not None and len(values) and int(values.max()) >= vocab_size:
+                    raise UserInputError(
+                        f"{path}, record {index}: {feature} holds the id {int(values.max())} but the model's vocab has "
+                        f"{vocab_size} tokens (ids 0-{vocab_size - 1}). On a TPU such an id is silently clamped to "
+                        "the last one. Make the data with the model's vocab.txt, or use the vocab (and a "
+                        "bert_config_file) the data was made with.")
+

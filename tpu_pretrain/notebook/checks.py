@@ -17,9 +17,9 @@ def check_accelerator(probe_tpu: bool = True) -> str:
                 else "the CPU (fine for the quickstart; for real pretraining pick a TPU runtime)."))
     if not probe_tpu:
         return "TPU VM found; probe skipped."
-    from .steps import run
+    from .steps import tpu_environment
 
-    returncode = run(["tpu-check"])
+    returncode = tpu_environment().run(["tpu-check"])  # streamed here; on failure, the diagnosis follows
     return "TPU ready: training will use it." if returncode == 0 else "The TPU is not usable yet: see above."
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from ..errors import UserInputError
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from ..storage import drive
+from ..tpu_stack import CPU_GPU_SET, NO_DEPS
 from .params import Parameters, check_placeholders, parameters
 from .views import describe_runtime
 
-REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements"
 NEEDS = ("data", "tensorflow")
 
 
@@ -52,17 +52,17 @@ def ensure_stack(needs: str) -> str:
     if needs == "data":
         return "Stack: the data steps need no TensorFlow; nothing to install."
     if tpu_vm_present():
-        from ..tpu_stack import ensure_tpu_environment
+        from .steps import tpu_environment
 
-        return ensure_tpu_environment()
+        return f"Stack: TensorFlow runs in the TPU environment {tpu_environment().path}; this kernel never imports it."
     from ..environment import EnvironmentSetupError, check_dependencies, installed_version
 
     try:
         check_dependencies()
     except EnvironmentSetupError as problem:
         print(f"Installing the TensorFlow stack ({problem})...")
-        pip_install(["-r", str(REQUIREMENTS / "cpu.txt")])
-        pip_install(["--no-deps", "-r", str(REQUIREMENTS / "no-deps.txt")])
+        pip_install(["-r", str(CPU_GPU_SET)])
+        pip_install(["--no-deps", "-r", str(NO_DEPS)])
         check_dependencies()
     return (f"Stack: tensorflow {installed_version('tensorflow', 'tensorflow-cpu')}, tf-keras "
             f"{installed_version('tf-keras')}, bert4keras {installed_version('bert4keras')}: ready.")

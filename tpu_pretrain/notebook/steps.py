@@ -10,6 +10,7 @@ is first fetched from its durable copy.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -32,18 +33,25 @@ STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
 PLACED = ("data_dir", "output_dir", "mirror_dir", "vocab_file")
 
 
-def training_python() -> str:
-    """The Python that trains: the TPU environment's on a TPU VM, this kernel's elsewhere."""
-    if tpu_vm_present():
-        from ..tpu_stack import tpu_python
+@functools.cache
+def tpu_environment():
+    """The TPU environment (built once per session, then reused), for the ``tpu-pretrain`` processes on a TPU VM."""
+    from ..tpu_env import prepare_tpu_environment
 
-        return tpu_python()
-    return sys.executable
+    return prepare_tpu_environment()
 
 
 def run(arguments: list[str], curves: LiveCurves | None = None, refresh_seconds: float = 30.0) -> int:
-    """``tpu-pretrain ARGUMENTS`` with the Python that has the TensorFlow stack, streamed; its exit code."""
-    return stream([training_python(), "-m", "tpu_pretrain", *arguments], curves, refresh_seconds)
+    """``tpu-pretrain ARGUMENTS`` with the Python that has the TensorFlow stack, streamed; its exit code.
+
+    On a TPU VM that is the TPU environment's Python (with its own variables), elsewhere this kernel's.
+    """
+    if tpu_vm_present():
+        from ..tpu_env import child_environment
+
+        environment = tpu_environment()
+        return stream(environment.command(arguments), curves, refresh_seconds, child_environment(environment.path))
+    return stream([sys.executable, "-m", "tpu_pretrain", *arguments], curves, refresh_seconds, dict(os.environ))
 
 
 def run_or_raise(arguments: list[str]) -> None:
@@ -123,12 +131,12 @@ def settings_flags(params: Parameters) -> list[str]:
     return flags
 
 
-def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float) -> int:
+def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float, env: dict[str, str]) -> int:
     """Run ``command``, a bar for its steps, its other lines printed, the curves redrawn; its exit code."""
     from tqdm.auto import tqdm
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(env, PYTHONUNBUFFERED="1"))
     bar, last_refresh = None, time.monotonic()
     try:
         for line in process.stdout:

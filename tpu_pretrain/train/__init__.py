@@ -1,7 +1,7 @@
 """Training: accelerator, input, model, optimisation, the loop, checkpoints and the run folder.
 
 - ``accelerator``: which device and strategy (TPU VM, GPUs, CPU), precision and XLA.
-- ``tpu``: the TensorFlow-on-TPU install, its environment, and the diagnosis of a TPU that fails.
+- ``tpu``: connecting to the TPU of a TPU VM, with the diagnosis when it fails; ``tpu_probe``: ``tpu-check``.
 - ``input``: tf.data from the shards: static shapes, an order that is a pure function of (seed, records
   consumed), dynamic masking.
 - ``model``: BERT from bert4keras with the original pretraining heads.
@@ -15,6 +15,7 @@
 - ``run_folder``: the contract of a run folder; ``status``: where a run stands.
 """
 
-from ..environment import import_tensorflow
+from ..environment import check_dependencies, import_tensorflow
 
+check_dependencies()  # TensorFlow, a matching tf-keras and the pinned bert4keras, or the command that installs them
 import_tensorflow()  # first, so that TensorFlow's C++ start-up noise is filtered whichever module comes next

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from ..runtime import tpu_vm_present
-from .tpu import AcceleratorError, connect_tpu
+from .tpu import AcceleratorError, connect_tpu, no_tpu_error
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,7 @@ class Accelerator:
     precision: str = "float32"  # "float32", "bfloat16" or "float16"
     jit_compile: bool = False
     devices: list[str] = field(default_factory=list)
+    hardware: str = ""  # what a TPU system reported (type, chips, cores)
 
     @property
     def num_replicas(self) -> int:
@@ -39,7 +40,8 @@ class Accelerator:
         return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
 
     def describe(self) -> str:
-        return (f"{self.kind.upper()}: {self.num_replicas} replica(s), {self.precision}, "
+        hardware = f" ({self.hardware})" if self.hardware else ""
+        return (f"{self.kind.upper()}{hardware}: {self.num_replicas} replica(s), {self.precision}, "
                 f"XLA {'on' if self.jit_compile else 'off'}")
 
 
@@ -55,9 +57,12 @@ def gpu_supports_float16(gpus) -> bool:
 def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_compile: str = "auto",
                        tpu_name: str = "local") -> Accelerator:
     """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in."""
-    strategy, kind, devices = None, None, []
+    strategy, kind, devices, hardware = None, None, [], ""
+    if requested == "tpu" and not tpu_vm_present() and tpu_name in ("", "local"):
+        raise no_tpu_error()
     if requested == "tpu" or (requested == "auto" and tpu_vm_present()):
-        strategy, kind = connect_tpu(tpu_name), "tpu"
+        strategy, tpu = connect_tpu(tpu_name)
+        kind, hardware = "tpu", tpu.describe()
         devices = [d.name for d in tf.config.list_logical_devices("TPU")]
     if strategy is None and requested in ("auto", "gpu"):
         gpus = tf.config.list_physical_devices("GPU")
@@ -83,7 +88,7 @@ def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_
         else:
             precision = "float32"
     jit = {"on": True, "off": False}.get(jit_compile, kind in ("tpu", "gpu"))
-    acc = Accelerator(kind, strategy, precision, jit, devices)
+    acc = Accelerator(kind, strategy, precision, jit, devices, hardware)
     log.info("Accelerator: %s", acc.describe())
     return acc
 

@@ -16,7 +16,7 @@ import os
 import tensorflow as tf
 
 from ..config import Config
-from ..data.data_folder import DataInfo, damaged_shards, read_data_info
+from ..data.data_folder import DataInfo, check_token_ids, damaged_shards, read_data_info
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
@@ -123,6 +123,7 @@ class Trainer:
             model_size=m.model_size, bert_config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
             vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
             hidden_dropout_prob=m.hidden_dropout_prob)
+        check_token_ids(self.data, self.bert_config.vocab_size)
         self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
         self.example_ids: list[tuple[int, list[int]]] = []
         self.init_report = None
@@ -154,8 +155,16 @@ class Trainer:
             self.eval_dataset = distributed_dataset(
                 self.strategy, self.data.eval_files, self.eval_batch_size, max_steps=t.max_eval_steps, training=False,
                 max_seq_length=d.max_seq_length, max_predictions_per_seq=d.max_predictions_per_seq, seed=t.train_seed)
-        self._grads_fn = tf.function(self._compute_gradients, jit_compile=self.accelerator.jit_compile
-                                     and self.accelerator.kind != "tpu")
+        # A TPU compiles the whole step with XLA by itself. Elsewhere jit_compile asks for the same: the whole
+        # replica step in one XLA computation on one device; under MirroredStrategy (GPUs, logical CPUs) the
+        # cross-replica sums cannot sit inside one (merge_call), so forward, backward and accumulation form one
+        # computation and the optimizer compiles its update per variable.
+        xla = self.accelerator.jit_compile and self.accelerator.kind != "tpu"
+        self._gradients_fn = tf.function(self._gradients, jit_compile=xla)
+        whole = xla and not isinstance(self.strategy, tf.distribute.MirroredStrategy)
+        self._step_fn = tf.function(self._replica_step, jit_compile=True) if whole else self._replica_step
+        self.xla = ("whole step (TPU)" if self.accelerator.kind == "tpu" else "whole replica step" if whole
+                    else "gradients, then each variable's update" if xla else "off")  # what XLA compiles
         self._train_loop = tf.function(self._train_loop_fn)
         self._eval_loop = tf.function(self._eval_loop_fn)
 
@@ -213,35 +222,37 @@ class Trainer:
             scaled = self.optimizer.get_scaled_loss(loss) if self.accelerator.precision == "float16" else loss
         return tape.gradient(scaled, variables), stats
 
-    def _replica_step(self, batch):
-        """One optimizer step on this replica's share, split into micro-batches if accumulating."""
-        context = tf.distribute.get_replica_context()
-        global_weight = context.all_reduce(SUM, tf.reduce_sum(batch["masked_lm_weights"]))
-        global_weight = tf.maximum(global_weight, 1.0)
-        global_examples = float(self.config.train.train_batch_size)
-        variables = self.model.trainable_variables
+    def _gradients(self, batch, global_weight, global_examples, seed):
+        """Gradients and statistics of this replica's share, summed over micro-batches when accumulating."""
         k = self.config.train.gradient_accumulation_steps
-        # Dropout's stream: a pure function of (seed, step, replica, micro-batch), like the data order.
-        seed = tf.stack([tf.constant(self.config.train.train_seed, tf.int64),
-                         tf.cast(self.optimizer.iterations, tf.int64)])
-        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(context.replica_id_in_sync_group, tf.int64))
         if k == 1:
-            grads, stats = self._grads_fn(batch, global_weight, global_examples, seed)
+            grads, stats = self._compute_gradients(batch, global_weight, global_examples, seed)
         else:
             micro = {key: tf.reshape(v, [k, -1] + v.shape[1:].as_list()) for key, v in batch.items()}
-            grads = [tf.zeros_like(v) for v in variables]
+            grads = [tf.zeros_like(v) for v in self.model.trainable_variables]
             stats = {key: tf.constant(0.0) for key in STAT_KEYS}
             for i in tf.range(k):
-                g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples,
-                                      tf.random.experimental.stateless_fold_in(seed, tf.cast(i, tf.int64)))
+                g, s = self._compute_gradients({key: v[i] for key, v in micro.items()}, global_weight, global_examples,
+                                               tf.random.experimental.stateless_fold_in(seed, tf.cast(i, tf.int64)))
                 grads = [a + b for a, b in zip(grads, g, strict=True)]
                 stats = {key: stats[key] + s[key] for key in STAT_KEYS}
         # Dense gradients: the embedding lookup's IndexedSlices repeat indices, and Keras's global-norm
         # clipping would count each repeat separately (a wrong norm) before it merges them.
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads], stats
+
+    def _replica_step(self, batch):
+        """One optimizer step on this replica's share of the global batch."""
+        context = tf.distribute.get_replica_context()
+        global_weight = context.all_reduce(SUM, tf.reduce_sum(batch["masked_lm_weights"]))
+        global_weight = tf.maximum(global_weight, 1.0)
+        # Dropout's stream: a pure function of (seed, step, replica, micro-batch), like the data order.
+        seed = tf.stack([tf.constant(self.config.train.train_seed, tf.int64),
+                         tf.cast(self.optimizer.iterations, tf.int64)])
+        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(context.replica_id_in_sync_group, tf.int64))
+        grads, stats = self._gradients_fn(batch, global_weight, float(self.config.train.train_batch_size), seed)
         if self.accelerator.precision == "float16":
             grads = self.optimizer.get_unscaled_gradients(grads)
-        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
         return stats
 
     def _train_loop_fn(self, iterator, steps):
@@ -249,7 +260,7 @@ class Trainer:
         ids = tf.TensorArray(tf.int64, size=steps)  # the examples each step used, in global batch order
         for i in tf.range(steps):
             batch = next(iterator)
-            per_replica = self.strategy.run(self._replica_step, args=(batch,))
+            per_replica = self.strategy.run(self._step_fn, args=(batch,))
             totals = {key: totals[key] + self.strategy.reduce(SUM, per_replica[key], axis=None)
                       for key in STAT_KEYS}
             if self.config.train.log_example_ids:
