@@ -16,9 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import tensorflow as tf
-
 from ..data.data_folder import read_data_info
+from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..storage.local import check_writable_folder, write_text_atomic
 from ..train.input import parse_batch
@@ -26,6 +25,8 @@ from ..train.metrics import add_sums, metrics_from_sums, pretraining_stats
 from ..train.run_folder import EVALUATION, RunFolder
 from .fill_mask import fill_mask, format_fill_mask
 from .rebuild import TrainedModel, load_trained_model
+
+tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tensorflow as tf
-
 from ..config import Config
+from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..train.bert_config import BertConfig, checkpoint_bert_config
 from ..train.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
 from ..train.model import PretrainingModel, build_pretraining_model
 from ..train.run_folder import RunFolder
 from ..train.weights import HF_WEIGHT_FILES, has_pooler, load_init_checkpoint, tf_checkpoint_prefix
+
+tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
 log = logging.getLogger(__name__)
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from ..data.tokenization import load_tokenizer
+from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..train.bert_config import BertConfig
 from ..train.model import PretrainingModel
@@ -24,6 +24,8 @@ from ..train.run_folder import RunFolder
 from ..train.weights import google_to_huggingface, google_weights, write_safetensors
 from . import FORMATS, HEADS
 from .rebuild import TrainedModel, load_trained_model
+
+tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
 
 # -- Hugging Face folder ----------------------------------------------------------------------------
