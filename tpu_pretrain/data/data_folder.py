@@ -24,6 +24,7 @@ IDENTITY = ".identity.json"  # the settings a folder's shards are being made wit
 WORK_DIR = ".work"
 FORMAT = "tpu_pretrain.pretraining_data/1"
 TRAIN, EVAL = "train", "eval"
+LOW_FILL = 0.6  # below this share of real tokens, the summary suggests packing
 
 # The original BERT pretraining features: name -> (dtype, length kind); zero padded.
 FEATURES = {
@@ -85,9 +86,14 @@ class Manifest:
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
 
+    def fill(self, split: str = TRAIN) -> float:
+        """Real tokens / (instances x max_seq_length): the share of compute that is not padding or [CLS]/[SEP]."""
+        t = self.totals(split)
+        return t["real_tokens"] / max(t["instances"] * int(self.settings.get("max_seq_length") or 1), 1)
+
     def to_json(self) -> dict:
         data = asdict(self)
-        data["totals"] = {split: self.totals(split) for split in (TRAIN, EVAL)}
+        data["totals"] = {split: self.totals(split) | {"fill": round(self.fill(split), 4)} for split in (TRAIN, EVAL)}
         return data
 
     @classmethod
@@ -107,12 +113,17 @@ class Manifest:
             nsp = t["random_next"] / max(t["instances"], 1)
             lines.append(
                 f"{split}: {len(self.files(split))} shard(s), {t['documents']} documents, {t['tokens']} tokens, "
-                f"{t['instances']} instances, {t['masked_tokens']} masked ({share:.1%} of real tokens), "
-                f"random next {nsp:.1%}"
+                f"{t['instances']} instances (fill {self.fill(split):.2f}), {t['masked_tokens']} masked "
+                f"({share:.1%} of real tokens), random next {nsp:.1%}"
             )
         lines.append(f"corpus: {self.corpus_report}")
         lines.append(f"time: {self.seconds:.1f} s")
         train = self.totals(TRAIN)
+        if train["instances"] and self.fill() < LOW_FILL and not self.settings.get("pack_sequences"):
+            lines.append(
+                f"warning: fill {self.fill():.2f}: only {self.fill():.0%} of each {self.settings.get('max_seq_length')}"
+                "-token sequence is text, the rest padding that costs compute all the same (the documents are "
+                "short). Pack them with --pack_sequences (or --recipe modern), or lower --max_seq_length.")
         if not self.settings.get("no_nsp") and train["random_next"] > 0.7 * max(train["instances"], 1):
             lines.append(
                 f"warning: {train['random_next'] / train['instances']:.0%} of instances have a random next segment "

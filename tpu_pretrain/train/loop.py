@@ -182,6 +182,7 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager) -> flo
     identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
     run.check_can_resume(identity)
     restored = manager.restore_latest()
+    trainer.resume_schedule(restored.metadata.get("lr_schedule") if restored else None)
     run.write_run_files(trainer.config, trainer.bert_config, trainer.config.data.vocab_file)
     run.record_identity(identity)
     trainer.start_input(trainer.step)
@@ -220,7 +221,8 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     stopping = stop_reason is not None and step < total
     if step % t.save_checkpoints_steps == 0 or step == total or stopping:
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
-                            "steps_per_second": throughput.steps_per_second, "saved_at": time.time()})
+                            "steps_per_second": throughput.steps_per_second, "saved_at": time.time(),
+                            "lr_schedule": trainer.schedule.get_config()})
     if not stopping:
         return None
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "
