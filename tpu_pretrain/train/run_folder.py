@@ -12,7 +12,7 @@ A run folder (train's ``output_dir``) holds:
 Starting ``train`` again in the same folder resumes, which is only correct when the model, the vocab,
 the data and the way batches are drawn are unchanged: :meth:`RunFolder.check_can_resume` refuses
 otherwise, naming the differences. Safe changes (total steps, the end learning rate, logging and
-evaluation cadence, where checkpoints are mirrored) are allowed.
+evaluation cadence, where checkpoints are mirrored, the wsd cool-down) are allowed.
 """
 
 from __future__ import annotations
