@@ -86,14 +86,16 @@ class Manifest:
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
 
-    def fill(self, split: str = TRAIN) -> float:
-        """Real tokens / (instances x max_seq_length): the share of compute that is not padding or [CLS]/[SEP]."""
-        t = self.totals(split)
-        return t["real_tokens"] / max(t["instances"] * int(self.settings.get("max_seq_length") or 1), 1)
+    def fill(self, split: str = TRAIN) -> float | None:
+        """Real tokens / (instances x max_seq_length): the share of compute that is not padding or [CLS]/[SEP]
+        (None when unknown: no instances, or a manifest without the sequence length)."""
+        t, length = self.totals(split), int(self.settings.get("max_seq_length") or 0)
+        return t["real_tokens"] / (t["instances"] * length) if t["instances"] and length else None
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data["totals"] = {split: self.totals(split) | {"fill": round(self.fill(split), 4)} for split in (TRAIN, EVAL)}
+        data["totals"] = {split: self.totals(split) | {"fill": self.fill(split) and round(self.fill(split), 4)}
+                          for split in (TRAIN, EVAL)}
         return data
 
     @classmethod
@@ -111,19 +113,21 @@ class Manifest:
                 continue
             share = t["masked_tokens"] / max(t["real_tokens"], 1)
             nsp = t["random_next"] / max(t["instances"], 1)
+            fill = f" (fill {self.fill(split):.2f})" if self.fill(split) is not None else ""
             lines.append(
                 f"{split}: {len(self.files(split))} shard(s), {t['documents']} documents, {t['tokens']} tokens, "
-                f"{t['instances']} instances (fill {self.fill(split):.2f}), {t['masked_tokens']} masked "
-                f"({share:.1%} of real tokens), random next {nsp:.1%}"
+                f"{t['instances']} instances{fill}, {t['masked_tokens']} masked ({share:.1%} of real tokens), "
+                f"random next {nsp:.1%}"
             )
         lines.append(f"corpus: {self.corpus_report}")
         lines.append(f"time: {self.seconds:.1f} s")
         train = self.totals(TRAIN)
-        if train["instances"] and self.fill() < LOW_FILL and not self.settings.get("pack_sequences"):
+        fill = self.fill()
+        if fill is not None and fill < LOW_FILL and not self.settings.get("pack_sequences"):
             lines.append(
-                f"warning: fill {self.fill():.2f}: only {self.fill():.0%} of each {self.settings.get('max_seq_length')}"
-                "-token sequence is text, the rest padding that costs compute all the same (the documents are "
-                "short). Pack them with --pack_sequences (or --recipe modern), or lower --max_seq_length.")
+                f"warning: fill {fill:.2f}: only {fill:.0%} of each {self.settings['max_seq_length']}-token "
+                "sequence is text, the rest padding that costs compute all the same (the documents are short). "
+                "Pack them with --pack_sequences (or --recipe modern), or lower --max_seq_length.")
         if not self.settings.get("no_nsp") and train["random_next"] > 0.7 * max(train["instances"], 1):
             lines.append(
                 f"warning: {train['random_next'] / train['instances']:.0%} of instances have a random next segment "
