@@ -2,11 +2,13 @@
 
 Losses are normalised over the *global* batch, so 1 or N replicas, and k accumulated micro-batches,
 give the same update; several steps run per compiled call (TPU); the input is opened at an exact step,
-its order a pure function of (seed, records consumed). The loop around it is :mod:`.loop`.
+its order a pure function of (seed, records consumed), and dropout draws its masks from a stream keyed by
+(seed, step, replica, micro-batch), so a resumed run continues exactly. The loop around it is :mod:`.loop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -14,14 +16,14 @@ import os
 import tensorflow as tf
 
 from ..config import Config
-from ..data.data_folder import DataInfo, read_data_info
-from ..data.vocab import load_vocab
+from ..data.data_folder import DataInfo, damaged_shards, read_data_info
+from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
 from .bert_config import BertConfig, resolve_bert_config
 from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
-from .model import build_pretraining_model
+from .model import build_pretraining_model, dropout_seed
 from .optimization import WarmupStableDecay, auto_warmup_steps, cooldown_start, create_optimizer
 from .weights import load_init_checkpoint
 
@@ -42,11 +44,8 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
     vocab_file = config.data.vocab_file or data.vocab_file or ""
     if vocab_file and not os.path.isfile(vocab_file):
         raise UserInputError(f"vocab_file {vocab_file} does not exist.")
-    if config.data.vocab_file and data.vocab_size:
-        size = len(load_vocab(config.data.vocab_file))
-        if size != data.vocab_size:
-            raise UserInputError(f"vocab_file {config.data.vocab_file} has {size} tokens but the data in "
-                                 f"{data.data_dir} was made with {data.vocab_size}; use the data's vocab.")
+    if config.data.vocab_file:
+        _check_same_vocab(config.data.vocab_file, data)
     resolved.data.vocab_file = vocab_file
     t = resolved.train
     if t.num_warmup_steps < 0:
@@ -54,6 +53,44 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
                  "choose).", t.num_warmup_steps, t.num_train_steps)
     return resolved
+
+
+def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
+    """Refuse a vocab other than the data's, compared token by token (same size, other order: other words)."""
+    tokens = load_vocab(vocab_file)
+    if data.vocab_file:
+        theirs = load_vocab(data.vocab_file)
+        if tokens == theirs:
+            return
+        line = next((i for i, (a, b) in enumerate(zip(tokens, theirs, strict=False)) if a != b),
+                    min(len(tokens), len(theirs)))
+        ours = tokens[line] if line < len(tokens) else "(end of file)"
+        other = theirs[line] if line < len(theirs) else "(end of file)"
+        detail = f"line {line + 1} is {ours!r} here and {other!r} in the data's {data.vocab_file}"
+    elif data.vocab_sha256 and vocab_sha256(vocab_file) != data.vocab_sha256:
+        detail = "its checksum differs from the one in the data's manifest"
+    elif data.vocab_size and len(tokens) != data.vocab_size:
+        detail = f"it has {len(tokens)} tokens, the data's vocab {data.vocab_size}"
+    else:
+        return
+    raise UserInputError(f"vocab_file {vocab_file} is not the vocab the data in {data.data_dir} was made with "
+                         f"({detail}): the token ids would mean other words. Leave vocab_file unset to use the "
+                         "data's own vocab.")
+
+
+@contextlib.contextmanager
+def corrupt_shards_named(data: DataInfo):
+    """Turn TensorFlow's "corrupted record" into an error naming the shards that no longer match the manifest."""
+    try:
+        yield
+    except tf.errors.DataLossError as exc:
+        damaged = damaged_shards(data.data_dir)
+        which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
+                 else "no shard differs from its manifest checksum, so the copy being read may be failing")
+        raise UserInputError(
+            f"A shard in {data.data_dir} is corrupt ({exc.message.splitlines()[0]}): {which}. Copy the data folder "
+            "again (or run create-data again: it rewrites what does not match), then run train again; it resumes."
+        ) from None
 
 
 class Trainer:
@@ -64,6 +101,11 @@ class Trainer:
         self.warmup_was_auto = config.train.num_warmup_steps < 0
         self.config = config = resolve_config(config, self.data)
         t, m = config.train, config.model
+        if self.data.train_instances is not None and self.data.train_instances < t.train_batch_size:
+            raise UserInputError(
+                f"The data in {self.data.data_dir} holds {self.data.train_instances} training instances, fewer than "
+                f"one batch (train_batch_size={t.train_batch_size}): make more data (more text, a higher "
+                "dupe_factor) or use a smaller train_batch_size.")
         self.accelerator = accelerator or detect_accelerator(
             t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
         self.strategy = self.accelerator.strategy
@@ -163,9 +205,9 @@ class Trainer:
             loss += stats["nsp_loss_sum"] / global_examples
         return loss, stats
 
-    def _compute_gradients(self, batch, global_weight, global_examples):
+    def _compute_gradients(self, batch, global_weight, global_examples, seed):
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, dropout_seed(seed):
             loss, stats = self._forward_stats(batch, global_weight, global_examples, training=True)
             scaled = self.optimizer.get_scaled_loss(loss) if self.accelerator.precision == "float16" else loss
         return tape.gradient(scaled, variables), stats
@@ -178,14 +220,19 @@ class Trainer:
         global_examples = float(self.config.train.train_batch_size)
         variables = self.model.trainable_variables
         k = self.config.train.gradient_accumulation_steps
+        # Dropout's stream: a pure function of (seed, step, replica, micro-batch), like the data order.
+        seed = tf.stack([tf.constant(self.config.train.train_seed, tf.int64),
+                         tf.cast(self.optimizer.iterations, tf.int64)])
+        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(context.replica_id_in_sync_group, tf.int64))
         if k == 1:
-            grads, stats = self._grads_fn(batch, global_weight, global_examples)
+            grads, stats = self._grads_fn(batch, global_weight, global_examples, seed)
         else:
             micro = {key: tf.reshape(v, [k, -1] + v.shape[1:].as_list()) for key, v in batch.items()}
             grads = [tf.zeros_like(v) for v in variables]
             stats = {key: tf.constant(0.0) for key in STAT_KEYS}
             for i in tf.range(k):
-                g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples)
+                g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples,
+                                      tf.random.experimental.stateless_fold_in(seed, tf.cast(i, tf.int64)))
                 grads = [a + b for a, b in zip(grads, g, strict=True)]
                 stats = {key: stats[key] + s[key] for key in STAT_KEYS}
         # Dense gradients: the embedding lookup's IndexedSlices repeat indices, and Keras's global-norm
@@ -233,7 +280,8 @@ class Trainer:
         while steps > 0:
             n = min(steps, self.steps_per_execution)
             first = self.step
-            sums, ids = self._train_loop(self.train_iterator, tf.constant(n))
+            with corrupt_shards_named(self.data):
+                sums, ids = self._train_loop(self.train_iterator, tf.constant(n))
             totals = add_sums(totals, sums)
             if self.config.train.log_example_ids:
                 self.example_ids.extend((first + 1 + i, row.tolist()) for i, row in enumerate(ids.numpy()))
@@ -245,11 +293,18 @@ class Trainer:
         if self.eval_dataset is None:
             return None
         totals: dict = {}
-        for batch in self.eval_dataset:
-            totals = add_sums(totals, self._eval_loop(batch))
+        with corrupt_shards_named(self.data):
+            for batch in self.eval_dataset:
+                totals = add_sums(totals, self._eval_loop(batch))
         if not totals.get("examples"):
             return None
         return metrics_from_sums(totals)
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and optimizer slot is finite (no NaN or Inf): what may be saved."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        variables = self.model.trainable_variables + [v for v in optimizer.variables if v.dtype.is_floating]
+        return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables)
 
     def learning_rate(self) -> float:
         return float(self._inner_optimizer().learning_rate)
