@@ -91,7 +91,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_recipe_"))
     vocab = build_vocab(Config.load(input=[str(c) for c in args.corpus], doc_separator=args.doc_separator,
-                                    vocab_size=args.vocab_size, vocab_file=str(work / "vocab.txt")))
+                                    vocab_size=args.vocab_size, output_dir=str(work)))
     folders = make_data(args, vocab.path, work)
     flops = {recipe: flops_per_sequence(args, folders[recipe], vocab.vocab_size) for recipe in RECIPES}
     budget = args.classic_steps * args.batch * flops["classic"]

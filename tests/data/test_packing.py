@@ -28,7 +28,7 @@ def packed(request, tmp_path_factory):
     else:
         corpus = {"input": [str(ZH_FORTUNES)], "doc_separator": "%", "chinese_whole_word": True}
     vocab = build_vocab(Config.load(**corpus, vocab_size=6000, vocab_sample_lines=20000,
-                                    vocab_file=str(root / "vocab.txt"))).path
+                                    output_dir=str(root))).path
     config = Config.load(**corpus, vocab_file=vocab, output_dir=str(root / "data"), pack_sequences=True,
                          do_whole_word_mask=True, dupe_factor=DUPE, eval_fraction=0.02, num_shards=3)
     return root / "data", vocab, config, create_pretraining_data(config)
@@ -137,7 +137,7 @@ def test_the_packer_cuts_at_word_starts_and_keeps_the_rest():
 @needs_corpora
 def test_a_higher_training_masking_rate_leaves_the_eval_shards_at_bert_rate(tmp_path):
     vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=3000, vocab_sample_lines=5000,
-                                    vocab_file=str(tmp_path / "vocab.txt"))).path
+                                    output_dir=str(tmp_path))).path
     manifest = create_pretraining_data(Config.load(input=[str(WIKITEXT)], vocab_file=vocab, recipe="modern",
                                                    output_dir=str(tmp_path / "d"), dupe_factor=1, eval_fraction=0.05))
     train, evals = manifest.totals("train"), manifest.totals("eval")
