@@ -80,3 +80,34 @@ def test_cli_flags_share_the_configuration_names(tmp_path):
     assert config.data.max_seq_length == 96  # flag overrides the file
     assert config.data.dupe_factor == 3  # the file's value stays when no flag is given
     assert config.data.do_lower_case is False and config.data.no_nsp is True
+
+
+def test_the_modern_recipe_sets_its_settings_and_explicit_settings_win(tmp_path):
+    from tpu_pretrain.config import MODERN_RECIPE, TRAIN, step_settings
+
+    classic, modern = Config.load(), Config.load(recipe="modern")
+    assert all(modern.get(key) == value for key, value in MODERN_RECIPE.items())
+    assert classic.data.recipe == "classic" and not classic.data.pack_sequences and classic.train.adam_beta2 == 0.999
+    assert modern.data.eval_masked_lm_prob == 0.15  # figures stay comparable with classic runs
+    # explicit settings win, given before or after the recipe, in a file or as flags
+    for values in ({"masked_lm_prob": 0.25, "recipe": "modern"}, {"recipe": "modern", "masked_lm_prob": 0.25}):
+        config = Config.from_dict(values)
+        assert config.data.masked_lm_prob == 0.25 and config.data.pack_sequences
+    (tmp_path / "modern.yaml").write_text("recipe: modern\nadam_beta2: 0.99\n")
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "modern.yaml"), "--hidden_dropout_prob",
+                                      "0.1"])
+    config = config_from_args(args, step_settings(TRAIN))
+    assert (config.train.adam_beta2, config.model.hidden_dropout_prob, config.train.lr_schedule) == (0.99, 0.1, "wsd")
+    # a saved configuration reloads as it was (every setting in it is explicit)
+    config.save(tmp_path / "saved.json")
+    assert Config.load(tmp_path / "saved.json").to_dict() == config.to_dict()
+    # switching back to classic restores what the recipe set, not what was given
+    config.set("recipe", "classic")
+    assert config.data.masked_lm_prob == 0.15 and config.train.adam_beta2 == 0.99
+
+
+def test_warmup_and_cooldown_defaults_are_valid_for_any_run_length():
+    config = Config.load(num_train_steps=500)  # BERT's fixed 10,000-step warmup refused every run this short
+    assert config.train.num_warmup_steps == -1 and config.train.num_cooldown_steps == 0
+    with pytest.raises(ConfigError, match="num_warmup_steps=600 .*num_train_steps=500"):
+        Config.load(num_train_steps=500, num_warmup_steps=600)

@@ -46,7 +46,8 @@ DATA_CHANGES = {
     "strip_punctuation": True, "dedupe_lines": True, "max_line_length": 200, "max_seq_length": 56,
     "max_predictions_per_seq": 8, "masked_lm_prob": 0.2, "dupe_factor": 2, "short_seq_prob": 0.5,
     "random_seed": 2, "do_lower_case": False, "do_whole_word_mask": True, "no_nsp": True,
-    "chinese_whole_word": True, "num_shards": 2, "eval_fraction": 0.2, "encoding": "latin-1",
+    "chinese_whole_word": True, "num_shards": 2, "eval_fraction": 0.2, "encoding": "latin-1", "recipe": "modern",
+    "eval_masked_lm_prob": 0.2, "pack_sequences": True,
 }
 
 

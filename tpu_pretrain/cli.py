@@ -397,3 +397,35 @@ def _tpu_env(config: Config, args: argparse.Namespace) -> int:
     environment = prepare_tpu_environment(args.venv, python=args.python, extras=args.extras, rebuild=args.rebuild)
     command_args = args.args[1:] if args.args[:1] == ["--"] else args.args
     return environment.run(command_args) if command_args else EXIT_OK
+
+
+def _probe_arguments(parser: argparse.ArgumentParser) -> None:
+    from .export.probe import MODES
+
+    parser.add_argument("run", metavar="RUN", help="The run folder (output_dir of train).")
+    parser.add_argument("--task", required=True, metavar="FILE", help="Labelled examples, one 'text<TAB>label' a "
+                        "line (a few hundred to a few thousand).")
+    parser.add_argument("--checkpoint", help="Weights to probe (default: the run's newest).")
+    parser.add_argument("--mode", choices=MODES, default="features", help="features: a ridge classifier on the "
+                        "frozen encoder's mean-pooled states (seconds); finetune: the whole encoder with a linear head "
+                        "(default: features).")
+    parser.add_argument("--max_seq_length", type=int, default=64, help="Tokens per text (default: 64).")
+    parser.add_argument("--test_fraction", type=float, default=0.2, help="Share held out (default: 0.2).")
+    parser.add_argument("--epochs", type=int, default=5, help="finetune: passes over the data (default: 5).")
+    parser.add_argument("--seed", type=int, default=0, help="Split, random initialisation and training seed.")
+    parser.add_argument("--output", help="Results JSON (default: RUN/probe.json).")
+
+
+@command("probe", "Is the pretrained encoder any good? Held-out accuracy on a small labelled file (text<TAB>label) "
+         "next to the same model shape from random initialisation, with the time each took.", (),
+         arguments=_probe_arguments)
+def _probe(config: Config, args: argparse.Namespace) -> int:
+    from .export.probe import probe
+    from .train.run_folder import RunFolder
+
+    result = probe(args.run, args.task, args.checkpoint, mode=args.mode, max_seq_length=args.max_seq_length,
+                   test_fraction=args.test_fraction, epochs=args.epochs, seed=args.seed,
+                   output=args.output or RunFolder(args.run).probe_file)
+    print(result.summary())
+    return EXIT_OK
+

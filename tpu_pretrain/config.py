@@ -77,12 +77,24 @@ class VocabConfig:
 class PretrainingDataConfig:
     """How pretraining instances are made (flags of Google's create_pretraining_data.py)."""
 
+    recipe: str = _f("classic", "classic: Google's BERT (NSP, 15% masking, dropout 0.1, linear decay; right for "
+                     "continuing a released checkpoint). modern: packed MLM-only sequences, 30% masking, no "
+                     "dropout, AdamW beta2 0.98, warmup-stable-decay. Settings given explicitly win.",
+                     choices=("classic", "modern"), steps=(CREATE_DATA, TRAIN))
     vocab_file: str = _f("", "WordPiece vocab.txt ([PAD] [UNK] [CLS] [SEP] [MASK] required).",
                          steps=(CREATE_DATA, TRAIN))
     max_seq_length: int = _f(128, "Tokens per sequence, [CLS] and [SEP]s included.",
                              steps=(CREATE_DATA,), pins=(DATA, RUN))
-    max_predictions_per_seq: int = _f(20, "Most masked positions per sequence.", steps=(CREATE_DATA,), pins=(DATA, RUN))
-    masked_lm_prob: float = _f(0.15, "Fraction of real tokens masked.", steps=(CREATE_DATA, TRAIN), pins=(DATA,))
+    max_predictions_per_seq: int = _f(20, "Most masked positions per sequence (0: enough for masked_lm_prob).",
+                                      steps=(CREATE_DATA,), pins=(DATA, RUN))
+    masked_lm_prob: float = _f(0.15, "Fraction of real tokens masked (training shards).", steps=(CREATE_DATA, TRAIN),
+                               pins=(DATA,))
+    eval_masked_lm_prob: float = _f(0.15, "Fraction masked in the eval shards: BERT's 0.15 whatever masked_lm_prob "
+                                    "is, so held-out figures of runs with different masking rates compare.",
+                                    steps=(CREATE_DATA,), pins=(DATA,))
+    pack_sequences: bool = _f(False, "Fill every sequence with consecutive sentences, across documents with a "
+                              "[SEP] between them (RoBERTa's full sentences; MLM only, implies no_nsp).",
+                              steps=(CREATE_DATA,), pins=(DATA,))
     dupe_factor: int = _f(10, "Times each document is used, with different masks.", steps=(CREATE_DATA,), pins=(DATA,))
     short_seq_prob: float = _f(0.1, "Probability of a shorter target length (as in BERT).",
                                steps=(CREATE_DATA,), pins=(DATA,))
@@ -122,7 +134,12 @@ class TrainConfig:
     train_batch_size: int = _f(32, "Global batch size, over all replicas.", steps=(TRAIN,), pins=(RUN,))
     learning_rate: float = _f(1e-4, "Peak learning rate.", steps=(TRAIN,))
     num_train_steps: int = _f(100_000, "Total optimizer steps.", steps=(TRAIN,))
-    num_warmup_steps: int = _f(10_000, "Linear warmup steps.", steps=(TRAIN,))
+    num_warmup_steps: int = _f(-1, "Linear warmup steps; -1: 10% of num_train_steps, at most 10,000 (logged).",
+                               steps=(TRAIN,))
+    lr_schedule: str = _f("linear", "linear: warmup, then decay over the whole run (BERT). wsd: warmup, constant, "
+                          "then a cool-down over the last num_cooldown_steps; raise or lower num_train_steps on "
+                          "resume to move the cool-down (it never jumps).", choices=("linear", "wsd"), steps=(TRAIN,))
+    num_cooldown_steps: int = _f(0, "wsd: steps of the final decay; 0: 20% of num_train_steps.", steps=(TRAIN,))
     save_checkpoints_steps: int = _f(1000, "Steps between checkpoints.", steps=(TRAIN,))
     optimizer: str = _f("adamw", "adamw (BERT's Adam with decoupled weight decay) or lamb (large batches).",
                         choices=("adamw", "lamb"), steps=(TRAIN,), pins=(RUN,))
@@ -206,9 +223,25 @@ SECTIONS: dict[str, type] = {
 }
 
 
+# What the modern recipe sets (the classic recipe: these settings' defaults). One setting turns on what
+# the cheap-BERT recipes (RoBERTa, 24hBERT, cramming, MosaicBERT) share.
+MODERN_RECIPE: dict[str, Any] = {
+    "pack_sequences": True,  # no compute spent on padding
+    "no_nsp": True,  # next-sentence prediction has no meaning across packed documents
+    "masked_lm_prob": 0.3,  # more signal per sequence; eval shards stay at eval_masked_lm_prob (0.15)
+    "max_predictions_per_seq": 0,  # enough slots for that rate
+    "hidden_dropout_prob": 0.0,  # a single pass over the data does not overfit
+    "adam_beta2": 0.98,  # steadier with larger learning rates
+    "lr_schedule": "wsd",  # the cool-down can be started in whichever session the user stops
+}
+
+
 @dataclass
 class Config:
-    """The whole configuration; build it with :meth:`from_kwargs`, :meth:`from_file` or :meth:`load`."""
+    """The whole configuration; build it with :meth:`from_kwargs`, :meth:`from_file` or :meth:`load`.
+
+    ``explicit`` records the settings given by name (flag, file, keyword): a recipe never overrides them.
+    """
 
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
@@ -216,6 +249,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    explicit: set[str] = field(default_factory=set, repr=False, compare=False)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -261,6 +295,17 @@ class Config:
             raise ConfigError(unknown_key_message(key, source))
         choices = all_fields()[key].metadata.get("choices")
         setattr(getattr(self, section), key, coerce(key, value, _FIELD_TYPES[key], choices, source))
+        self.explicit.add(key)
+        if key == "recipe":
+            self.apply_recipe()
+
+    def apply_recipe(self) -> None:
+        """Set what the recipe sets, except the settings given explicitly."""
+        fields = all_fields()
+        for key, modern in MODERN_RECIPE.items():
+            if key not in self.explicit:
+                value = modern if self.data.recipe == "modern" else fields[key].default
+                setattr(getattr(self, _FIELD_SECTION[key]), key, value)
 
     def get(self, key: str) -> Any:
         if key not in _FIELD_SECTION:

@@ -39,8 +39,10 @@ def _check_data(d, m) -> None:
         "raise max_position_embeddings (a released model's limit cannot be raised)",
     )
     _require(0 < d.masked_lm_prob < 1, "masked_lm_prob", d.masked_lm_prob, "use a value in (0, 1), e.g. 0.15")
-    _require(d.max_predictions_per_seq >= 1, "max_predictions_per_seq", d.max_predictions_per_seq,
-             "use at least 1")
+    _require(0 < d.eval_masked_lm_prob < 1, "eval_masked_lm_prob", d.eval_masked_lm_prob,
+             "use a value in (0, 1), e.g. 0.15")
+    _require(d.max_predictions_per_seq >= 0, "max_predictions_per_seq", d.max_predictions_per_seq,
+             "use 0 (enough for masked_lm_prob) or at least 1")
     budget = masked_budget(d.max_seq_length, d.masked_lm_prob)
     _require(
         d.max_predictions_per_seq <= math.ceil(budget * 1.1) + 1,
@@ -100,11 +102,13 @@ def _check_train(t) -> None:
     _require(t.learning_rate > 0, "learning_rate", t.learning_rate, "use a positive value, e.g. 1e-4")
     _require(t.num_train_steps >= 1, "num_train_steps", t.num_train_steps, "use at least 1")
     _require(
-        0 <= t.num_warmup_steps <= t.num_train_steps,
+        -1 <= t.num_warmup_steps <= t.num_train_steps,
         "num_warmup_steps",
         t.num_warmup_steps,
-        f"use a value between 0 and num_train_steps={t.num_train_steps}",
+        f"use -1 (10% of the run) or a value between 0 and num_train_steps={t.num_train_steps}",
     )
+    _require(t.num_cooldown_steps >= 0, "num_cooldown_steps", t.num_cooldown_steps,
+             "use 0 (20% of num_train_steps) or a positive count")
     _require(t.save_checkpoints_steps >= 1, "save_checkpoints_steps", t.save_checkpoints_steps,
              "use at least 1")
     _require(t.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
@@ -138,6 +142,11 @@ def _check_optimizer(t) -> None:
 def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:
     """The most tokens masking picks in a full sequence ([CLS] and two [SEP]s excluded)."""
     return max(1, int(round((max_seq_length - 3) * masked_lm_prob)))
+
+
+def max_predictions(max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float) -> int:
+    """``max_predictions_per_seq``, with 0 resolved to what masking fills (20 for 128 at 0.15, as BERT)."""
+    return max_predictions_per_seq or masked_budget(max_seq_length + 1, masked_lm_prob) + 1
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:

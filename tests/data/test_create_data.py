@@ -11,39 +11,18 @@ import numpy as np
 import pytest
 from bert_reference import random_next_share
 from corpora import BERT_SAMPLE, WIKITEXT, ZH_FORTUNES, needs_corpora
+from shard_reading import originals, read_shards
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.data.create import create_pretraining_data
-from tpu_pretrain.data.data_folder import load_manifest
 from tpu_pretrain.data.instances import truncation_counts
 from tpu_pretrain.data.shard import read_blocks
 from tpu_pretrain.data.tfrecord import read_records
 from tpu_pretrain.data.tokenization import load_tokenizer
 from tpu_pretrain.data.vocab import build_vocab
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.train.input import feature_spec
 
 SEQ, PRED = 128, 20
-
-
-def read_shards(data_dir, split="train"):
-    """Every example of a split, parsed with the exact original BERT feature spec."""
-    import tensorflow as tf
-
-    manifest = load_manifest(data_dir)
-    files = [str(data_dir / f) for f in manifest.files(split)]
-    spec = feature_spec(manifest.settings["max_seq_length"], manifest.settings["max_predictions_per_seq"])
-    dataset = tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec)).batch(4096)
-    parts = list(dataset.as_numpy_iterator())
-    return {key: np.concatenate([p[key] for p in parts]) for key in spec}
-
-
-def originals(batch):
-    """Token ids before masking: the masked positions restored from masked_lm_ids."""
-    ids = batch["input_ids"].copy()
-    rows, slots = np.nonzero(batch["masked_lm_weights"])
-    ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
-    return ids
 
 
 @pytest.fixture(scope="module")
@@ -232,10 +211,11 @@ def _digests(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.tfrecord"))}
 
 
-def test_same_inputs_give_byte_identical_shards_whatever_the_workers(small_vocab, tmp_path):
+@pytest.mark.parametrize("pack_sequences", [False, True], ids=["pairs", "packed"])
+def test_same_inputs_give_byte_identical_shards_whatever_the_workers(small_vocab, tmp_path, pack_sequences):
     corpus, vocab = small_vocab
-    create_pretraining_data(_settings(corpus, vocab, tmp_path / "one", workers=1))
-    create_pretraining_data(_settings(corpus, vocab, tmp_path / "two", workers=2))
+    create_pretraining_data(_settings(corpus, vocab, tmp_path / "one", workers=1, pack_sequences=pack_sequences))
+    create_pretraining_data(_settings(corpus, vocab, tmp_path / "two", workers=2, pack_sequences=pack_sequences))
     one, two = _digests(tmp_path / "one"), _digests(tmp_path / "two")
     assert len(one) == 4 and one == two
 
@@ -254,14 +234,16 @@ def test_rerun_skips_complete_shards_and_redoes_missing_or_partial_ones(small_vo
     assert not list(out.glob("*.tmp")) and not (out / ".work").exists()
 
 
-def test_a_killed_run_resumes_to_the_same_bytes(small_vocab, tmp_path):
+@pytest.mark.parametrize("pack_sequences", [False, True], ids=["pairs", "packed"])
+def test_a_killed_run_resumes_to_the_same_bytes(small_vocab, tmp_path, pack_sequences):
     corpus, vocab = small_vocab
     reference = tmp_path / "ref"
-    create_pretraining_data(_settings(corpus, vocab, reference, workers=1, num_shards=6, dupe_factor=10))
+    create_pretraining_data(_settings(corpus, vocab, reference, workers=1, num_shards=6, dupe_factor=10,
+                                      pack_sequences=pack_sequences))
     out = tmp_path / "killed"
     args = [sys.executable, "-m", "tpu_pretrain", "create-data", "--input", str(corpus), "--vocab_file", vocab,
             "--output_dir", str(out), "--num_shards", "6", "--dupe_factor", "10", "--eval_fraction", "0.05",
-            "--workers", "1"]
+            "--workers", "1", f"--pack_sequences={pack_sequences}"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob("train-0000[0-9]-of-00006.tfrecord.json")):

@@ -31,6 +31,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..config import DATA, Config, pinned_settings
+from ..config_checks import max_predictions
 from ..errors import UserInputError
 from ..storage.local import check_writable_folder
 from .corpus import CorpusReader
@@ -72,6 +73,9 @@ def _create(config: Config, out: Path) -> Manifest:
     inputs = [{"path": p, "bytes": os.path.getsize(p)} for p in reader.files]
     if d.num_shards == 0:
         settings["num_shards"] = auto_num_shards(sum(i["bytes"] for i in inputs))
+    settings["max_predictions_per_seq"] = max_predictions(d.max_seq_length, d.max_predictions_per_seq,
+                                                          max(d.masked_lm_prob, d.eval_masked_lm_prob))
+    settings["no_nsp"] = d.no_nsp or d.pack_sequences  # packed documents have no "next sentence"
     identity = {"format": FORMAT, "settings": settings, "vocab_sha256": vocab_sha256(d.vocab_file), "inputs": inputs}
     _check_existing(out, identity)
 

@@ -25,6 +25,7 @@ IDENTITY = ".identity.json"  # the settings a folder's shards are being made wit
 WORK_DIR = ".work"
 FORMAT = "tpu_pretrain.pretraining_data/1"
 TRAIN, EVAL = "train", "eval"
+LOW_FILL = 0.6  # below this share of real tokens, the summary suggests packing
 
 # The original BERT pretraining features: name -> (dtype, length kind); zero padded.
 FEATURES = {
@@ -86,9 +87,16 @@ class Manifest:
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
 
+    def fill(self, split: str = TRAIN) -> float | None:
+        """Real tokens / (instances x max_seq_length): the share of compute that is not padding or [CLS]/[SEP]
+        (None when unknown: no instances, or a manifest without the sequence length)."""
+        t, length = self.totals(split), int(self.settings.get("max_seq_length") or 0)
+        return t["real_tokens"] / (t["instances"] * length) if t["instances"] and length else None
+
     def to_json(self) -> dict:
         data = asdict(self)
-        data["totals"] = {split: self.totals(split) for split in (TRAIN, EVAL)}
+        data["totals"] = {split: self.totals(split) | {"fill": self.fill(split) and round(self.fill(split), 4)}
+                          for split in (TRAIN, EVAL)}
         return data
 
     @classmethod
@@ -106,9 +114,10 @@ class Manifest:
                 continue
             share = t["masked_tokens"] / max(t["real_tokens"], 1)
             nsp = t["random_next"] / max(t["instances"], 1)
+            fill = f" (fill {self.fill(split):.2f})" if self.fill(split) is not None else ""
             lines.append(
                 f"{split}: {len(self.files(split))} shard(s), {t['documents']} documents, {t['tokens']} tokens, "
-                f"{t['instances']} instances, {t['masked_tokens']} masked ({share:.1%} of real tokens), "
+                f"{t['instances']} instances{fill}, {t['masked_tokens']} masked ({share:.1%} of real tokens), "
                 f"random next {nsp:.1%}"
             )
         lines.append(f"corpus: {self.corpus_report}")
@@ -124,6 +133,12 @@ class Manifest:
         if not instances:
             found.append(f"no training instances (from {documents} documents): train refuses this data. "
                          "Give more text, or lower --max_seq_length.")
+        fill = self.fill()
+        if fill is not None and fill < LOW_FILL and not self.settings.get("pack_sequences"):
+            found.append(
+                f"fill {fill:.2f}: only {fill:.0%} of each {self.settings['max_seq_length']}-token sequence is text, "
+                "the rest padding that costs compute all the same (the documents are short). Pack them with "
+                "--pack_sequences (or --recipe modern), or lower --max_seq_length.")
         nsp = not self.settings.get("no_nsp") and instances
         if nsp and train["random_next"] > 0.7 * instances:
             found.append(

@@ -12,6 +12,11 @@ Deviations, each deliberate: the budget is ``masked_lm_prob`` of the real tokens
 never candidates, so they are not counted either); random replacements are drawn from real
 vocabulary entries, never special or ``[unusedN]`` tokens; the random next document comes from the
 same block of the same shard, which bounds memory; with ``no_nsp`` B is always the true continuation.
+
+Packing (:class:`SequencePacker`, RoBERTa's "full-sentences" format, MLM only) replaces the segment
+pairs: consecutive sentences fill every sequence to ``max_seq_length``, crossing document boundaries
+with a ``[SEP]`` between documents; a sentence that does not fit is cut at a word start and goes on in
+the next sequence, so every token is used exactly once per pass and no word is split.
 """
 
 from __future__ import annotations
@@ -137,6 +142,61 @@ def truncation_counts(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int,
     return rest // 2, cut_b + (rest + 1) // 2
 
 
+class SequencePacker:
+    """Cuts a stream of documents into full sequences: ``[CLS] doc1 [SEP] doc2 ... [SEP]``, one segment.
+
+    The stream goes on across calls (blocks of a shard, and passes over them); what does not fill a
+    whole sequence waits for the next call, and :meth:`finish` returns it as the shard's last sequence.
+    """
+
+    def __init__(self, spec: InstanceSpec):
+        self.capacity = spec.max_seq_length - 2  # [CLS] first, [SEP] last
+        self.sep_id = spec.sep_id
+        self.tail = (_EMPTY_IDS, _EMPTY_FLAGS)
+
+    def pack(self, docs: list[list[Sentence]]) -> list[RawInstance]:
+        """Full sequences from what is left over and then ``docs`` in order; the rest is kept."""
+        parts_ids, parts_cont = [self.tail[0]], [self.tail[1]]
+        separator, no_flag = np.array([self.sep_id], dtype=np.int32), np.zeros(1, dtype=bool)
+        length = len(self.tail[0])
+        for doc in docs:
+            if length:  # a document that does not start a sequence follows a [SEP]
+                parts_ids.append(separator)
+                parts_cont.append(no_flag)
+            parts_ids.extend(s[0] for s in doc)
+            parts_cont.extend(s[1] for s in doc)
+            length += 1 + sum(len(s[0]) for s in doc)
+        ids, cont = np.concatenate(parts_ids), np.concatenate(parts_cont)
+        # The last word start at or before each position: where a cut may fall without splitting a word.
+        word_start = np.maximum.accumulate(np.where(cont, 0, np.arange(len(ids))))
+        instances, start, n = [], 0, len(ids)
+        while True:
+            while start < n and ids[start] == self.sep_id:
+                start += 1  # a sequence never starts with a document separator
+            end = start + self.capacity
+            if end > n:
+                break
+            if end < n and cont[end] and word_start[end] > start:
+                end = word_start[end]  # the word that does not fit goes to the next sequence whole
+            instances.append(self._instance(ids, cont, start, end))
+            start = end
+        self.tail = (ids[start:], cont[start:])
+        return instances
+
+    def finish(self) -> list[RawInstance]:
+        """The last, partly filled sequence (if anything is left)."""
+        ids, cont = self.tail
+        self.tail = (_EMPTY_IDS, _EMPTY_FLAGS)
+        if not np.count_nonzero(ids != self.sep_id):
+            return []
+        return [self._instance(ids, cont, 0, len(ids))]
+
+    def _instance(self, ids, cont, start, end) -> RawInstance:
+        if end - start > 1 and ids[end - 1] == self.sep_id:
+            end -= 1  # the closing [SEP] ends the sequence: no separator right before it
+        return RawInstance(ids[start:end], _EMPTY_IDS, cont[start:end], _EMPTY_FLAGS, False)
+
+
 def mask_batch(instances: list[RawInstance], spec: InstanceSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Feature arrays of a batch of instances in the original BERT schema, masked."""
     tokens, segment_ids, real, cont, lengths = _layout(instances, spec)
@@ -180,7 +240,7 @@ def _layout(instances: list[RawInstance], spec: InstanceSpec):
         tokens[row, 0] = spec.cls_id
         tokens[row, 1:1 + la] = inst.tokens_a
         tokens[row, 1 + la] = spec.sep_id
-        real[row, 1:1 + la] = True
+        real[row, 1:1 + la] = inst.tokens_a != spec.sep_id  # packed documents' separators are not masked
         cont[row, 1:1 + la] = inst.cont_a
         total = 2 + la
         if lb:

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..storage.local import write_text_atomic
-from .data_folder import ShardStats, sha256_file, shard_name, shard_stats_name
-from .instances import InstanceSpec, RawInstance, Sentence, document_instances, mask_batch
+from .data_folder import TRAIN, ShardStats, sha256_file, shard_name, shard_stats_name
+from .instances import InstanceSpec, RawInstance, Sentence, SequencePacker, document_instances, mask_batch
 from .tfrecord import AtomicRecordWriter, encode_examples
 from .vocab import replacement_ids
 
@@ -70,8 +70,10 @@ def write_shard(task: ShardTask) -> ShardStats:
     stats = ShardStats(file=task.name, split=task.split)
     record_writer = AtomicRecordWriter(Path(task.out) / task.name)
     try:
+        block_number = -1
         for block_number, block in enumerate(read_blocks(task.work_file)):
             record_writer.write_all(writer.block_records(block, block_number, stats))
+        record_writer.write_all(writer.last_records(block_number + 1, stats))
         stats.sha256 = record_writer.close()
     except BaseException:
         record_writer.abort()
@@ -118,16 +120,21 @@ def read_blocks(path: Path) -> Iterator[list[list[str]]]:
 
 
 class ShardWriter:
-    """Tokenises blocks of documents and turns them into serialised, shuffled pretraining examples."""
+    """Tokenises blocks of documents and turns them into serialised, shuffled pretraining examples.
+
+    Eval shards are masked at ``eval_masked_lm_prob`` (BERT's 0.15 unless set), whatever rate the
+    training shards use, so held-out figures of runs with different masking rates compare.
+    """
 
     def __init__(self, tokenizer, settings: dict, split: str, index: int):
         self.tokenizer = tokenizer
         self.settings = settings
         self.seed = (settings["random_seed"], 0 if split == "train" else 1, index)
+        masked_lm_prob = settings["masked_lm_prob"] if split == TRAIN else settings["eval_masked_lm_prob"]
         self.spec = InstanceSpec(
             max_seq_length=settings["max_seq_length"],
             max_predictions_per_seq=settings["max_predictions_per_seq"],
-            masked_lm_prob=settings["masked_lm_prob"],
+            masked_lm_prob=masked_lm_prob,
             short_seq_prob=settings["short_seq_prob"],
             do_whole_word_mask=settings["do_whole_word_mask"] or settings["chinese_whole_word"],
             nsp=not settings["no_nsp"],
@@ -136,6 +143,7 @@ class ShardWriter:
             mask_id=tokenizer.mask_id,
             replacement_ids=np.asarray(replacement_ids(tokenizer.inv_vocab), dtype=np.int32),
         )
+        self.packer = SequencePacker(self.spec) if settings["pack_sequences"] else None
 
     def tokenize_block(self, block: list[list[str]]) -> list[list[Sentence]]:
         sentences = [s for doc in block for s in doc]
@@ -158,27 +166,47 @@ class ShardWriter:
         stats.documents += len(docs)
         stats.sentences += sum(len(d) for d in docs)
         stats.tokens += sum(len(s[0]) for d in docs for s in d)
-        seed = [*self.seed, block_number]
-        rng = random.Random(hash_seed(seed))
-        np_rng = np.random.Generator(np.random.PCG64(seed))
+        rng, np_rng = self._rngs(block_number)
         records: list[bytes] = []
         pending: list[RawInstance] = []
-        for _ in range(self.settings["dupe_factor"]):
-            for doc_index in range(len(docs)):
-                pending.extend(document_instances(docs, doc_index, self.spec, rng))
-                if len(pending) >= BATCH:
-                    records.extend(self._encode(pending, np_rng, stats))
-                    pending = []
+        for instances in self._instances(docs, rng):
+            pending.extend(instances)
+            if len(pending) >= BATCH:
+                records.extend(self._encode(pending, np_rng, stats))
+                pending = []
         if pending:
             records.extend(self._encode(pending, np_rng, stats))
         rng.shuffle(records)
         return records
 
+    def _instances(self, docs: list[list[Sentence]], rng: random.Random) -> Iterator[list[RawInstance]]:
+        """``dupe_factor`` passes over the block: segment pairs per document, or packed sequences."""
+        for _ in range(self.settings["dupe_factor"]):
+            if self.packer is not None:  # each pass in its own document order
+                order = list(range(len(docs)))
+                rng.shuffle(order)
+                yield self.packer.pack([docs[i] for i in order])
+            else:
+                for doc_index in range(len(docs)):
+                    yield document_instances(docs, doc_index, self.spec, rng)
+
+    def last_records(self, block_number: int, stats: ShardStats) -> list[bytes]:
+        """What packing left over after the last block: the shard's one partly filled sequence."""
+        if self.packer is None:
+            return []
+        last = self.packer.finish()
+        return self._encode(last, self._rngs(block_number)[1], stats) if last else []
+
+    def _rngs(self, block_number: int) -> tuple[random.Random, np.random.Generator]:
+        seed = [*self.seed, block_number]
+        return random.Random(hash_seed(seed)), np.random.Generator(np.random.PCG64(seed))
+
     def _encode(self, instances: list[RawInstance], np_rng, stats: ShardStats) -> list[bytes]:
         batch = mask_batch(instances, self.spec, np_rng)
+        sep = self.spec.sep_id
         stats.instances += len(instances)
         stats.masked_tokens += int(batch["masked_lm_weights"].sum())
-        stats.real_tokens += sum(len(i.tokens_a) + len(i.tokens_b) for i in instances)
+        stats.real_tokens += sum(int(np.count_nonzero(i.tokens_a != sep)) + len(i.tokens_b) for i in instances)
         stats.random_next += int(batch["next_sentence_labels"].sum())
         return encode_examples(batch)
 

@@ -125,6 +125,15 @@ def _build_float32(config: BertConfig, max_seq_length: int, max_predictions: int
         tf.keras.mixed_precision.set_global_policy(policy)
 
 
+def untrained_copy(trained: TrainedModel, seed: int = 0) -> TrainedModel:
+    """The same model shape, vocab and casing with fresh random weights: the baseline pretraining must beat."""
+    tf.keras.utils.set_random_seed(seed)
+    pretraining = _build_float32(trained.pretraining.config, trained.max_seq_length,
+                                 trained.max_predictions_per_seq, trained.pretraining.with_nsp)
+    return TrainedModel(pretraining, trained.vocab_file, trained.do_lower_case, "random initialisation",
+                        config=trained.config)
+
+
 def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None, *,
                        max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
                        do_lower_case: bool | None = None) -> TrainedModel:

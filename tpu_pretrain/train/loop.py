@@ -202,6 +202,7 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
     run.check_can_resume(identity)
     restored = manager.restore_latest(set_aside_damaged)
+    trainer.resume_schedule(restored.metadata.get("lr_schedule") if restored else None)
     run.write_run_files(trainer.config, trainer.bert_config, trainer.vocab_file)
     run.record_identity(identity)
     trainer.start_input(trainer.step)
@@ -242,7 +243,8 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
         if not trainer.weights_finite():
             raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
-                            "steps_per_second": throughput.steps_per_second, "saved_at": time.time()})
+                            "steps_per_second": throughput.steps_per_second, "saved_at": time.time(),
+                            "lr_schedule": trainer.schedule.get_config()})
     if not stopping:
         return None
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "

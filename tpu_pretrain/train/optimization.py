@@ -43,6 +43,79 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
                 "end_learning_rate": self.end_learning_rate}
 
 
+class WarmupStableDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Warmup-stable-decay: linear warmup to the peak, constant, then a cool-down from ``decay_from`` at
+    ``decay_start`` to ``end_learning_rate`` at ``num_train_steps`` (polynomial, power 1: linear).
+
+    The constant phase does not depend on when training ends, so a run can go on for as many sessions
+    as the user likes and start the cool-down in the last one (:meth:`resume`). Its checkpoints record
+    :meth:`get_config`, so a later session continues the same cool-down, or re-plans it without a jump.
+    """
+
+    def __init__(self, learning_rate: float, num_train_steps: int, num_warmup_steps: int, decay_start: int,
+                 power: float = 1.0, end_learning_rate: float = 0.0, decay_from: float | None = None):
+        self.learning_rate = float(learning_rate)
+        self.num_train_steps = int(num_train_steps)
+        self.num_warmup_steps = int(num_warmup_steps)
+        self.decay_start = int(decay_start)
+        self.power = float(power)
+        self.end_learning_rate = float(end_learning_rate)
+        self.decay_from = self.learning_rate if decay_from is None else float(decay_from)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        span = float(max(1, self.num_train_steps - self.decay_start))
+        fraction = tf.clip_by_value((step - self.decay_start) / span, 0.0, 1.0)
+        decayed = self.end_learning_rate + (self.decay_from - self.end_learning_rate) * (1.0 - fraction) ** self.power
+        rate = tf.where(step < self.decay_start, self.learning_rate, decayed)
+        if self.num_warmup_steps <= 0:
+            return rate
+        return tf.where(step < self.num_warmup_steps, self.learning_rate * step / self.num_warmup_steps, rate)
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "num_train_steps": self.num_train_steps,
+                "num_warmup_steps": self.num_warmup_steps, "decay_start": self.decay_start, "power": self.power,
+                "end_learning_rate": self.end_learning_rate, "decay_from": self.decay_from}
+
+    def resume(self, step: int, recorded: dict | None) -> str | None:
+        """Place the cool-down for a run resumed at ``step`` whose checkpoint recorded ``recorded``.
+
+        Before the cool-down: it starts where planned, or now if that point has passed. During it,
+        with the same end: it goes on unchanged; with another ``num_train_steps`` or end rate it decays
+        on from the rate reached, to the new end. Returns what changed, to be logged, or None.
+        """
+        planned = self.decay_start
+        if recorded is None or "decay_start" not in recorded or step < recorded["decay_start"]:
+            self.decay_start, self.decay_from = max(planned, step), self.learning_rate
+            if self.decay_start > planned:
+                return (f"the planned cool-down start (step {planned}) has passed: the cool-down starts now, at "
+                        f"step {step}, and lasts {self.num_train_steps - step} steps")
+            return None
+        same_end = all(recorded.get(k) == getattr(self, k) for k in ("num_train_steps", "end_learning_rate"))
+        if same_end:
+            self.decay_start, self.decay_from = recorded["decay_start"], recorded["decay_from"]
+            return None
+        reached = float(WarmupStableDecay(**recorded)(step))
+        self.decay_start, self.decay_from = step, reached
+        return (f"the cool-down was re-planned at step {step}: from {reached:.3g} down to "
+                f"{self.end_learning_rate:.3g} at step {self.num_train_steps}")
+
+    def describe(self) -> str:
+        return (f"warmup {self.num_warmup_steps} steps to {self.learning_rate:.3g}, constant, then a cool-down "
+                f"from step {self.decay_start} to {self.num_train_steps} down to {self.end_learning_rate:.3g}")
+
+
+def cooldown_start(num_train_steps: int, num_cooldown_steps: int, num_warmup_steps: int) -> int:
+    """Where the cool-down of a wsd schedule starts: ``num_cooldown_steps`` (0: 20% of the run) before the end."""
+    cooldown = num_cooldown_steps or max(1, round(0.2 * num_train_steps))
+    return max(num_train_steps - cooldown, num_warmup_steps, 0)
+
+
+def auto_warmup_steps(num_train_steps: int) -> int:
+    """The default warmup: 10% of the run, at most 10,000 steps (BERT's, for its 1M-step run)."""
+    return min(10_000, num_train_steps // 10)
+
+
 class Lamb(keras.optimizers.Optimizer):
     """LAMB (You et al. 2019): Adam direction plus decoupled decay, scaled per layer by ||w|| / ||update||.
 
@@ -102,10 +175,17 @@ def create_optimizer(*, optimizer: str = "adamw", learning_rate: float, num_trai
                      num_warmup_steps: int, weight_decay_rate: float = 0.01, beta_1: float = 0.9,
                      beta_2: float = 0.999, epsilon: float = 1e-6, clip_norm: float = 1.0,
                      lr_decay_power: float = 1.0, end_learning_rate: float = 0.0, variables=(),
-                     jit_compile: bool = False) -> keras.optimizers.Optimizer:
-    """AdamW or LAMB with BERT's schedule, clipping and decay exclusions; create it in the strategy scope."""
-    schedule = WarmupPolynomialDecay(learning_rate, num_train_steps, num_warmup_steps, lr_decay_power,
-                                     end_learning_rate)
+                     jit_compile: bool = False, lr_schedule: str = "linear",
+                     num_cooldown_steps: int = 0) -> keras.optimizers.Optimizer:
+    """AdamW or LAMB with BERT's (or the wsd) schedule, clipping and decay exclusions; create it in the strategy
+    scope."""
+    if lr_schedule == "wsd":
+        schedule = WarmupStableDecay(learning_rate, num_train_steps, num_warmup_steps,
+                                     cooldown_start(num_train_steps, num_cooldown_steps, num_warmup_steps),
+                                     lr_decay_power, end_learning_rate)
+    else:
+        schedule = WarmupPolynomialDecay(learning_rate, num_train_steps, num_warmup_steps, lr_decay_power,
+                                         end_learning_rate)
     clip = {"global_clipnorm": clip_norm} if clip_norm > 0 else {}
     if optimizer == "adamw":
         opt = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay_rate,

@@ -8,12 +8,12 @@ A run folder (train's ``output_dir``) holds:
   and compared at every later one;
 - ``bert_config.json``: the model's shape; ``vocab.txt``: the vocab it was trained with;
 - ``checkpoints/``: the checkpoints; ``logs/``: TensorBoard scalars and ``example_ids.jsonl``;
-- ``train_summary.json``, ``evaluation.json``, ``plots/``, ``export/hf`` and ``export/tf``.
+- ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``.
 
 Starting ``train`` again in the same folder resumes, which is only correct when the model, the vocab,
 the data and the way batches are drawn are unchanged: :meth:`RunFolder.check_can_resume` refuses
 otherwise, naming the differences. Safe changes (total steps, the end learning rate, logging and
-evaluation cadence, where checkpoints are mirrored) are allowed.
+evaluation cadence, where checkpoints are mirrored, the wsd cool-down) are allowed.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ LOGS = "logs"
 EXAMPLE_IDS = "example_ids.jsonl"
 SUMMARY = "train_summary.json"
 EVALUATION = "evaluation.json"
+PROBE = "probe.json"
 PLOTS = "plots"
 EXPORT = "export"
 # What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
@@ -96,6 +97,10 @@ class RunFolder:
     @property
     def evaluation_file(self) -> Path:
         return self.path / EVALUATION
+
+    @property
+    def probe_file(self) -> Path:
+        return self.path / PROBE
 
     @property
     def curves_file(self) -> Path:

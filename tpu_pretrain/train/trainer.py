@@ -24,7 +24,7 @@ from .bert_config import BertConfig, resolve_bert_config
 from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
 from .model import build_pretraining_model, dropout_seed
-from .optimization import create_optimizer
+from .optimization import WarmupStableDecay, auto_warmup_steps, cooldown_start, create_optimizer
 from .weights import load_init_checkpoint
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,11 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
     if config.data.vocab_file:
         _check_same_vocab(config.data.vocab_file, data)
+    t = resolved.train
+    if t.num_warmup_steps < 0:
+        t.num_warmup_steps = auto_warmup_steps(t.num_train_steps)
+        log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
+                 "choose).", t.num_warmup_steps, t.num_train_steps)
     return resolved
 
 
@@ -100,6 +105,7 @@ class Trainer:
 
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
         self.data: DataInfo = read_data_info(config.storage.data_dir)
+        self.warmup_was_auto = config.train.num_warmup_steps < 0
         self.config = config = resolve_config(config, self.data)
         t, m = config.train, config.model
         if self.data.train_instances is not None and self.data.train_instances < t.train_batch_size:
@@ -175,6 +181,7 @@ class Trainer:
             num_warmup_steps=t.num_warmup_steps, weight_decay_rate=t.weight_decay_rate,
             beta_1=t.adam_beta1, beta_2=t.adam_beta2, epsilon=t.adam_epsilon, clip_norm=t.clip_norm,
             lr_decay_power=t.lr_decay_power, end_learning_rate=t.end_learning_rate,
+            lr_schedule=t.lr_schedule, num_cooldown_steps=t.num_cooldown_steps,
             variables=self.model.trainable_variables,
             jit_compile=self.accelerator.jit_compile and self.accelerator.kind != "tpu")
         if self.accelerator.precision == "float16":
@@ -319,5 +326,26 @@ class Trainer:
         return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables)
 
     def learning_rate(self) -> float:
-        opt = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        return float(opt.learning_rate)
+        return float(self._inner_optimizer().learning_rate)
+
+    def _inner_optimizer(self):
+        return getattr(self.optimizer, "inner_optimizer", self.optimizer)
+
+    @property
+    def schedule(self):
+        """The learning-rate schedule; its ``get_config()`` goes into every checkpoint's metadata."""
+        return self._inner_optimizer()._learning_rate
+
+    def resume_schedule(self, recorded: dict | None) -> None:
+        """Continue the schedule a checkpoint recorded: the same automatic warmup, and a wsd cool-down
+        placed so that the learning rate never jumps (call before the first training step)."""
+        schedule, t = self.schedule, self.config.train
+        if recorded and self.warmup_was_auto and "num_warmup_steps" in recorded:
+            schedule.num_warmup_steps = t.num_warmup_steps = int(recorded["num_warmup_steps"])
+        if isinstance(schedule, WarmupStableDecay):
+            if recorded and self.warmup_was_auto:  # where the cool-down may start depends on the warmup
+                schedule.decay_start = cooldown_start(t.num_train_steps, t.num_cooldown_steps, t.num_warmup_steps)
+            change = schedule.resume(self.step, recorded)
+            if change:
+                log.warning("Learning rate: %s.", change)
+            log.info("Learning rate: %s.", schedule.describe())

@@ -1,0 +1,97 @@
+"""The warmup-stable-decay schedule across sessions: a run trained in its stable phase resumes with a cool-down
+chosen then, and the learning rate neither jumps nor differs from an uninterrupted run's at any step."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
+
+from pretraining_fixtures import synthetic_instances, write_shards, write_vocab  # isort: skip
+
+from tpu_pretrain.config import Config
+from tpu_pretrain.train.loop import train
+from tpu_pretrain.train.optimization import WarmupStableDecay, auto_warmup_steps, cooldown_start
+
+PEAK = 1e-3
+
+
+def test_the_schedule_warms_up_holds_and_cools_down():
+    schedule = WarmupStableDecay(1.0, num_train_steps=100, num_warmup_steps=10, decay_start=80)
+    assert [round(float(schedule(s)), 4) for s in (0, 5, 10, 50, 80, 90, 100, 120)] == [
+        0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0]
+    assert cooldown_start(100, 0, 10) == 80 and cooldown_start(100, 30, 10) == 70 and cooldown_start(100, 95, 10) == 10
+    assert auto_warmup_steps(5000) == 500 and auto_warmup_steps(1_000_000) == 10_000
+
+
+def test_resuming_never_makes_the_learning_rate_jump():
+    stable = WarmupStableDecay(1.0, 1000, 10, decay_start=800).get_config()
+    # stopping earlier than planned: the cool-down starts at the resumed step
+    shorter = WarmupStableDecay(1.0, 130, 10, decay_start=104)
+    assert "starts now, at step 120" in shorter.resume(120, stable)
+    assert float(shorter(120)) == 1.0 and float(shorter(125)) == pytest.approx(0.5)
+    # during the cool-down, the same end: it goes on as recorded
+    cooling = shorter.get_config()
+    again = WarmupStableDecay(1.0, 130, 10, decay_start=104)
+    assert again.resume(125, cooling) is None and float(again(125)) == pytest.approx(0.5)
+    # during the cool-down, a later end: it decays on from the rate reached
+    longer = WarmupStableDecay(1.0, 150, 10, decay_start=120)
+    assert "re-planned at step 125" in longer.resume(125, cooling)
+    assert float(longer(125)) == pytest.approx(0.5) and float(longer(150)) == 0.0
+    assert float(longer(140)) == pytest.approx(0.2)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("data"))
+    write_shards(folder, {"train": synthetic_instances(128, 32, 5, 200),
+                          "eval": synthetic_instances(16, 32, 5, 200, seed=1)}, 32, 5, 200)
+    write_vocab(os.path.join(folder, "vocab.txt"), 200)
+    return folder
+
+
+def settings(data_dir, run, **extra):
+    return Config.load(data_dir=data_dir, output_dir=str(run), model_size="L2-H128", train_batch_size=8,
+                       learning_rate=PEAK, num_warmup_steps=4, lr_schedule="wsd", save_checkpoints_steps=2,
+                       log_every_steps=1, eval_every_steps=0, max_eval_steps=1, steps_per_execution=1,
+                       hidden_dropout_prob=0.0, session_hours=-1, **extra)
+
+
+def rates(*results) -> dict[int, float]:
+    return {entry["step"]: entry["learning_rate"] for result in results for entry in result.history}
+
+
+def test_a_cool_down_started_on_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
+    run = tmp_path / "sessions"
+
+    def stop_after_a_few_checkpoints():  # the session ends (SIGTERM) while the run is in its stable phase
+        deadline = time.time() + 300
+        while time.time() < deadline and not (run / "checkpoints" / "ckpt-000000008").exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_after_a_few_checkpoints, daemon=True).start()
+    first = train(settings(data_dir, run, num_train_steps=10_000), progress=False)  # no end in sight
+    stopped = first.steps
+    assert first.stopped_reason and 8 <= stopped < 100
+    saved = json.loads((run / "checkpoints" / f"ckpt-{stopped:09d}" / "checkpoint.json").read_text())
+    assert saved["metadata"]["lr_schedule"]["decay_start"] == 8000  # the plan then: 20% of 10,000 steps
+    # The user decides to stop soon: 10 more steps, cooling down over the last 14 (whose start has passed).
+    end = stopped + 10
+    second = train(settings(data_dir, run, num_train_steps=end, num_cooldown_steps=14), progress=False)
+    assert second.steps == end
+    reference = train(settings(data_dir, tmp_path / "reference", num_train_steps=end, num_cooldown_steps=10),
+                      progress=False)
+    resumed, uninterrupted = rates(first, second), rates(reference)
+    assert sorted(resumed) == list(range(1, end + 1)) == sorted(uninterrupted)
+    np.testing.assert_allclose([resumed[s] for s in range(1, end + 1)],
+                               [uninterrupted[s] for s in range(1, end + 1)], rtol=1e-6, atol=0)
+    steps = np.diff([resumed[s] for s in range(stopped, end + 1)])
+    assert np.all(steps <= 0) and np.max(np.abs(steps)) <= PEAK / 10 * 1.0001  # no jump: one tenth per step
+    # (the logged rate is the one each step used: the last step's is one tenth of the peak)
+    assert resumed[stopped] == pytest.approx(PEAK, rel=1e-6) and resumed[end] == pytest.approx(PEAK / 10, rel=1e-5)
