@@ -21,7 +21,8 @@ from ..errors import UserInputError
 from ..train.bert_config import BertConfig
 from ..train.model import PretrainingModel
 from ..train.run_folder import RunFolder
-from ..train.weights import google_to_huggingface, google_weights, write_safetensors
+from ..train.weight_names import google_to_huggingface, write_safetensors
+from ..train.weights import google_weights
 from . import FORMATS, HEADS
 from .rebuild import TrainedModel, load_trained_model
 

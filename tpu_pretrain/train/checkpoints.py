@@ -1,8 +1,9 @@
 """Checkpoints that survive disconnects: atomic local writes, verified restore, pruning.
 
-A checkpoint is a folder ``checkpoints/ckpt-000001000/`` holding TensorFlow's files and a
-``checkpoint.json`` that lists each file's size and CRC32C. It is written under a temporary name and
-renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a reader never
+A checkpoint is a folder ``checkpoints/ckpt-000001000/`` holding a backend's state files (TensorFlow's
+``state.index``/``state.data-*``, or the JAX backend's ``state.npz``: a :class:`CheckpointState` writes
+and reads them) and a ``checkpoint.json`` that lists each file's size and CRC32C. It is written under a
+temporary name and renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a reader never
 sees half a checkpoint. On start, the newest checkpoint whose files match their recorded sizes and
 checksums is restored (fetched from the mirror first when the mirror's is newer: see :mod:`.mirror`);
 a truncated or missing file makes it fall back to the previous one, with a warning naming it.
@@ -51,6 +52,39 @@ class CheckpointInfo:
     @property
     def tf_prefix(self) -> str:
         return os.path.join(self.path, TF_PREFIX)
+
+
+class CheckpointState(Protocol):
+    """What a backend checkpoints: its files written into a folder, read back, and their size beforehand.
+
+    ``read`` raises ValueError when the files do not fit the model being built, any other exception
+    when they cannot be read at all.
+    """
+
+    def write(self, folder: Path) -> None: ...
+
+    def read(self, folder: Path) -> None: ...
+
+    def estimated_bytes(self) -> int: ...
+
+
+class TensorFlowState:
+    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's :class:`CheckpointState`."""
+
+    def __init__(self, checkpoint):
+        self.checkpoint = checkpoint
+
+    def write(self, folder: Path) -> None:
+        self.checkpoint.write(str(folder / TF_PREFIX))
+
+    def read(self, folder: Path) -> None:
+        try:
+            self.checkpoint.read(str(folder / TF_PREFIX)).assert_existing_objects_matched()
+        except AssertionError as exc:
+            raise ValueError(str(exc)) from None
+
+    def estimated_bytes(self) -> int:
+        return estimate_bytes(self.checkpoint)
 
 
 class Mirror(Protocol):
@@ -132,7 +166,10 @@ class CheckpointManager:
 
     def __init__(self, directory: str | os.PathLike, checkpoint, *, keep_max: int = 5, mirror: Mirror | None = None,
                  safety_margin: int = SAFETY_MARGIN):
+        """``checkpoint``: a :class:`CheckpointState`, or a ``tf.train.Checkpoint`` (wrapped in one)."""
         self.directory = Path(directory)
+        if checkpoint is not None and not hasattr(checkpoint, "estimated_bytes"):
+            checkpoint = TensorFlowState(checkpoint)
         self.checkpoint = checkpoint
         self.keep_max = keep_max
         self.mirror = mirror
@@ -143,7 +180,7 @@ class CheckpointManager:
         """Write the checkpoint for ``step`` atomically, prune old ones, and start mirroring it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
-        needed = estimate_bytes(self.checkpoint)
+        needed = self.checkpoint.estimated_bytes()
         self._check_space(step, needed)
         name = checkpoint_name(step)
         final = self.directory / name
@@ -183,9 +220,9 @@ class CheckpointManager:
                 "old files) and start again: training resumes from the newest checkpoint, which is intact.")
 
     def _write(self, folder: Path, step: int, metadata: dict) -> dict:
-        """TensorFlow's files, then the manifest of their sizes and checksums, each synced to disk."""
+        """The backend's files, then the manifest of their sizes and checksums, each synced to disk."""
         folder.mkdir()
-        self.checkpoint.write(str(folder / TF_PREFIX))
+        self.checkpoint.write(folder)
         files = {}
         for path in sorted(folder.iterdir()):
             files[path.name] = {"bytes": path.stat().st_size, "crc32c": crc32c_file(path)}
@@ -242,15 +279,15 @@ class CheckpointManager:
             if info is None:
                 return None
             try:
-                self.checkpoint.read(info.tf_prefix).assert_existing_objects_matched()
+                self.checkpoint.read(Path(info.path))
                 return info
-            except (ValueError, AssertionError) as exc:
+            except ValueError as exc:
                 raise CheckpointError(
                     f"Checkpoint {info.path} does not fit the model being built ({str(exc).splitlines()[0]}). "
                     "The run's configuration changed in a way that changes the model; use a new output_dir."
                 ) from None
             except Exception as exc:  # unreadable despite matching checksums: fall back
-                log.warning("Skipping checkpoint %s: TensorFlow cannot read it (%s).", info.path, exc)
+                log.warning("Skipping checkpoint %s: it cannot be read (%s).", info.path, exc)
                 shutil.rmtree(info.path, ignore_errors=True)
 
 

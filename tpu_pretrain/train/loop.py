@@ -1,8 +1,11 @@
 """``train()``: resume, train until the next boundary, do the boundary's work (log, evaluate, save), stop.
 
-Checkpoints are saved every ``save_checkpoints_steps``, at the end, and before stopping for the
-session deadline or SIGTERM/SIGINT; starting again in the same folder continues exactly: the same
-weights, optimizer state, step and input position, so the run neither repeats nor skips an example.
+The loop is the same for both backends: it drives a :class:`Trainer` (TensorFlow's
+:class:`.trainer.Trainer` or :class:`..jax_backend.trainer.JaxTrainer`), which owns the model, the
+optimizer, the input and the state a checkpoint holds. Checkpoints are saved every
+``save_checkpoints_steps``, at the end, and before stopping for the session deadline or SIGTERM/SIGINT;
+starting again in the same folder continues exactly: the same weights, optimizer state, step and input
+position, so the run neither repeats nor skips an example.
 """
 
 from __future__ import annotations
@@ -13,20 +16,45 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-
-import tensorflow as tf
+from typing import Protocol
 
 from ..config import Config
 from ..errors import UserInputError
 from ..formatting import hms
-from .checkpoints import CheckpointManager
+from .bert_config import BertConfig
+from .checkpoints import CheckpointManager, CheckpointState
+from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
 from .run_folder import RunFolder, run_identity
 from .session import SessionGuard, session_deadline
-from .trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What the loop needs of a backend's trainer."""
+
+    config: Config
+    bert_config: BertConfig
+    data: object  # the data folder's DataInfo
+    steps_per_execution: int
+    example_ids: list[tuple[int, list[int]]]
+
+    @property
+    def step(self) -> int: ...
+
+    def start_input(self, step: int) -> None: ...
+
+    def train_steps(self, steps: int) -> dict: ...
+
+    def evaluate(self) -> dict | None: ...
+
+    def learning_rate(self) -> float: ...
+
+    def checkpoint_state(self) -> CheckpointState: ...
+
+    def describe(self) -> str: ...
 
 
 @dataclass
@@ -80,24 +108,6 @@ class Throughput:
         return self.steps / self.seconds if self.seconds else self.last_rate
 
 
-class ScalarLog:
-    """TensorBoard scalars for the train and eval curves (``tf.summary.write``: no tensorboard package)."""
-
-    def __init__(self, run: RunFolder):
-        self.writers = {split: tf.summary.create_file_writer(str(run.logs / split)) for split in ("train", "eval")}
-
-    def write(self, split: str, metrics: dict, step: int) -> None:
-        from tensorflow.core.framework import summary_pb2
-
-        metadata = summary_pb2.SummaryMetadata()
-        metadata.plugin_data.plugin_name = "scalars"
-        writer = self.writers[split]
-        with writer.as_default(step=step):
-            for key, value in metrics.items():
-                tf.summary.write(key, tf.constant(float(value), tf.float32), metadata=metadata)
-        writer.flush()
-
-
 def train(config: Config | None = None, *, progress: bool | None = None, **kwargs) -> TrainResult:
     """Pretrain (or continue pretraining) BERT as configured: ``train(data_dir=..., output_dir=..., ...)``.
 
@@ -112,7 +122,23 @@ def train(config: Config | None = None, *, progress: bool | None = None, **kwarg
     if "://" in output_dir:
         raise UserInputError(f"output_dir {output_dir}: train writes to a local (or mounted Drive) folder; "
                              "sync it to Cloud Storage with `tpu-pretrain upload`.")
-    return run_training(Trainer(config), output_dir, progress=progress)
+    return run_training(make_trainer(config), output_dir, progress=progress)
+
+
+def make_trainer(config: Config) -> Trainer:
+    """The trainer of the configured backend (``auto``: :func:`..backend.choose_backend` decides)."""
+    from ..backend import choose_backend
+
+    backend, reason = choose_backend(config.train.backend)
+    log.info("Training backend: %s (%s).", backend, reason)
+    config.train.backend = backend  # the run records the backend it was trained with
+    if backend == "jax":
+        from ..jax_backend.trainer import JaxTrainer
+
+        return JaxTrainer(config)
+    from .trainer import Trainer as TensorFlowTrainer
+
+    return TensorFlowTrainer(config)
 
 
 def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None) -> TrainResult:
@@ -145,6 +171,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
     finally:
         guard.close()
         bar.close()
+        scalars.close()
         if mirror is not None:
             if not mirror.wait(timeout=600):
                 log.warning("The checkpoint mirror %s is behind: %s", mirror.url, mirror.error)
@@ -158,7 +185,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
-                           "train_seconds": throughput.train_seconds, "accelerator": trainer.accelerator.describe()})
+                           "train_seconds": throughput.train_seconds, "accelerator": trainer.describe()})
     return result
 
 
@@ -172,8 +199,8 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
 
         drive.ensure_drive_ready(s.mirror_dir, mount=s.mount_drive)
         mirror = CheckpointMirror(run, s.mirror_dir, keep_max=s.keep_checkpoint_max, options=s.transfer_options())
-    checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
-    return CheckpointManager(run.checkpoints, checkpoint, keep_max=s.keep_checkpoint_max, mirror=mirror), mirror
+    return CheckpointManager(run.checkpoints, trainer.checkpoint_state(), keep_max=s.keep_checkpoint_max,
+                             mirror=mirror), mirror
 
 
 def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager) -> float:

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..environment import check_dependencies
+
+check_dependencies()  # before bert4keras: a missing or mismatched install is named with its fix
+
 import tensorflow as tf
 from bert4keras.layers import Dense, Embedding, Lambda, LayerNormalization, ScaleOffset
 from bert4keras.models import BERT

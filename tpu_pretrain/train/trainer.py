@@ -19,6 +19,7 @@ from ..data.vocab import load_vocab
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
 from .bert_config import BertConfig, resolve_bert_config
+from .checkpoints import TensorFlowState
 from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
 from .model import build_pretraining_model
@@ -247,3 +248,10 @@ class Trainer:
     def learning_rate(self) -> float:
         opt = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         return float(opt.learning_rate)
+
+    def checkpoint_state(self) -> TensorFlowState:
+        """Model and optimizer (with its step) in TensorFlow's checkpoint format."""
+        return TensorFlowState(tf.train.Checkpoint(model=self.model, optimizer=self.optimizer))
+
+    def describe(self) -> str:
+        return f"TensorFlow, {self.accelerator.describe()}"
