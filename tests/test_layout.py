@@ -14,11 +14,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
-    ("errors", "formatting", "runtime", "environment"),
+    ("errors", "formatting", "runtime", "environment", "backend"),
     ("storage",),
     ("config", "config_checks"),
     ("data",),
-    ("train",),
+    ("train", "jax_backend"),
     ("export",),
     ("cli", "notebook", "demo", "__init__", "__main__"),
 )

@@ -171,7 +171,8 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
     finally:
         guard.close()
         bar.close()
-        scalars.close()
+        if hasattr(trainer, "close"):  # the JAX backend's input threads
+            trainer.close()
         if mirror is not None:
             if not mirror.wait(timeout=600):
                 log.warning("The checkpoint mirror %s is behind: %s", mirror.url, mirror.error)
@@ -186,6 +187,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
                            "train_seconds": throughput.train_seconds, "accelerator": trainer.describe()})
+    scalars.close()
     return result
 
 

@@ -172,3 +172,16 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
             or old_data.get("train_instances") != new_data.get("train_instances")):
         differences.append("data_dir: different training shards")
     return differences
+
+
+def run_vocab_file(run: RunFolder, config: Config) -> str:
+    """The vocab a run trained with: the run's own copy (older runs: the configured file, else the data's)."""
+    candidates = [run.vocab_file]
+    if config.data.vocab_file:
+        candidates.append(Path(config.data.vocab_file))
+    if config.storage.data_dir:
+        candidates.append(Path(config.storage.data_dir) / "vocab.txt")
+    for path in candidates:
+        if path.is_file():
+            return str(path)
+    raise UserInputError(f"No vocab.txt for run {run.path}: looked at {', '.join(map(str, candidates))}.")

@@ -7,49 +7,25 @@ its order a pure function of (seed, records consumed). The loop around it is :mo
 
 from __future__ import annotations
 
-import copy
 import logging
-import os
 
 import tensorflow as tf
 
 from ..config import Config
 from ..data.data_folder import DataInfo, read_data_info
-from ..data.vocab import load_vocab
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
-from .bert_config import BertConfig, resolve_bert_config
+from .bert_config import BertConfig
 from .checkpoints import TensorFlowState
 from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
 from .model import build_pretraining_model
 from .optimization import create_optimizer
+from .resolve import check_batch_split, resolve_config, run_bert_config
 from .weights import load_init_checkpoint
 
 log = logging.getLogger(__name__)
 SUM = tf.distribute.ReduceOp.SUM
-
-
-def resolve_config(config: Config, data: DataInfo) -> Config:
-    """A copy of ``config`` completed from the data: its shapes, NSP and vocab (the caller's is not changed)."""
-    resolved = copy.deepcopy(config)
-    for key, value in (("max_seq_length", data.max_seq_length),
-                       ("max_predictions_per_seq", data.max_predictions_per_seq)):
-        if config.get(key) != value:
-            log.info("Using the data's %s=%s (configuration had %s).", key, value, config.get(key))
-            resolved.set(key, value)
-    if data.settings.get("no_nsp"):
-        resolved.data.no_nsp = True
-    vocab_file = config.data.vocab_file or data.vocab_file or ""
-    if vocab_file and not os.path.isfile(vocab_file):
-        raise UserInputError(f"vocab_file {vocab_file} does not exist.")
-    if config.data.vocab_file and data.vocab_size:
-        size = len(load_vocab(config.data.vocab_file))
-        if size != data.vocab_size:
-            raise UserInputError(f"vocab_file {config.data.vocab_file} has {size} tokens but the data in "
-                                 f"{data.data_dir} was made with {data.vocab_size}; use the data's vocab.")
-    resolved.data.vocab_file = vocab_file
-    return resolved
 
 
 class Trainer:
@@ -58,22 +34,14 @@ class Trainer:
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
         self.data: DataInfo = read_data_info(config.storage.data_dir)
         self.config = config = resolve_config(config, self.data)
-        t, m = config.train, config.model
+        t = config.train
         self.accelerator = accelerator or detect_accelerator(
             t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
         self.strategy = self.accelerator.strategy
         replicas = self.accelerator.num_replicas
-        k = t.gradient_accumulation_steps
-        if t.train_batch_size % (replicas * k):
-            raise UserInputError(
-                f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
-                f"gradient_accumulation_steps ({k}) = {replicas * k}.")
+        check_batch_split(t, replicas)
         self.with_nsp = not config.data.no_nsp
-        vocab_size = len(load_vocab(config.data.vocab_file)) if config.data.vocab_file else self.data.vocab_size
-        self.bert_config: BertConfig = resolve_bert_config(
-            model_size=m.model_size, bert_config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
-            vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
-            hidden_dropout_prob=m.hidden_dropout_prob)
+        self.bert_config: BertConfig = run_bert_config(config, self.data)
         self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
         self.example_ids: list[tuple[int, list[int]]] = []
         self.init_report = None

@@ -57,7 +57,11 @@ class InitReport:
 
 def load_init_checkpoint(pretraining: PretrainingModel, init_checkpoint: str) -> InitReport:
     """Load a Google TF checkpoint (``bert/encoder/layer_N/...``) or a Hugging Face BERT folder."""
-    weights = read_checkpoint_weights(init_checkpoint)
+    return load_google_weights(pretraining, read_checkpoint_weights(init_checkpoint), init_checkpoint)
+
+
+def load_google_weights(pretraining: PretrainingModel, weights: dict[str, np.ndarray], source: str) -> InitReport:
+    """Assign weights given by Google BERT name (from any checkpoint or backend) to the model's variables."""
     bert = pretraining.bert
     loaded, missing, pairs = [], [], []
     for layer_name, names in bert.variable_mapping().items():
@@ -70,17 +74,17 @@ def load_init_checkpoint(pretraining: PretrainingModel, init_checkpoint: str) ->
             value = bert.load_variable(weights, name)
             if tuple(value.shape) != tuple(variable.shape):
                 raise UserInputError(
-                    f"init_checkpoint {init_checkpoint}: {name} has shape {tuple(value.shape)} but the model "
+                    f"init_checkpoint {source}: {name} has shape {tuple(value.shape)} but the model "
                     f"needs {tuple(variable.shape)}; build the model from the checkpoint's own config "
                     "(leave model_size and bert_config_file empty, or use its bert_config.json)."
                 )
             pairs.append((variable, value))
             loaded.append(name)
     if not loaded:
-        raise UserInputError(f"init_checkpoint {init_checkpoint} holds no BERT weights that this model uses.")
+        raise UserInputError(f"init_checkpoint {source} holds no BERT weights that this model uses.")
     for variable, value in pairs:
         variable.assign(value.astype(variable.dtype.as_numpy_dtype))
-    report = InitReport(init_checkpoint, loaded, missing)
+    report = InitReport(source, loaded, missing)
     log.info(report.summary())
     return report
 

@@ -1,0 +1,55 @@
+"""A run's configuration completed from its data, and the model's shape: the same for both backends."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+from ..config import Config, TrainConfig
+from ..data.data_folder import DataInfo
+from ..data.vocab import load_vocab
+from ..errors import UserInputError
+from .bert_config import BertConfig, resolve_bert_config
+
+log = logging.getLogger(__name__)
+
+
+def resolve_config(config: Config, data: DataInfo) -> Config:
+    """A copy of ``config`` completed from the data: its shapes, NSP and vocab (the caller's is not changed)."""
+    resolved = copy.deepcopy(config)
+    for key, value in (("max_seq_length", data.max_seq_length),
+                       ("max_predictions_per_seq", data.max_predictions_per_seq)):
+        if config.get(key) != value:
+            log.info("Using the data's %s=%s (configuration had %s).", key, value, config.get(key))
+            resolved.set(key, value)
+    if data.settings.get("no_nsp"):
+        resolved.data.no_nsp = True
+    vocab_file = config.data.vocab_file or data.vocab_file or ""
+    if vocab_file and not os.path.isfile(vocab_file):
+        raise UserInputError(f"vocab_file {vocab_file} does not exist.")
+    if config.data.vocab_file and data.vocab_size:
+        size = len(load_vocab(config.data.vocab_file))
+        if size != data.vocab_size:
+            raise UserInputError(f"vocab_file {config.data.vocab_file} has {size} tokens but the data in "
+                                 f"{data.data_dir} was made with {data.vocab_size}; use the data's vocab.")
+    resolved.data.vocab_file = vocab_file
+    return resolved
+
+
+def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
+    """The model's shape for a resolved configuration (its vocab size checked against the data's)."""
+    m = config.model
+    vocab_size = len(load_vocab(config.data.vocab_file)) if config.data.vocab_file else data.vocab_size
+    return resolve_bert_config(model_size=m.model_size, bert_config_file=m.bert_config_file,
+                               init_checkpoint=m.init_checkpoint, vocab_size=vocab_size,
+                               max_position_embeddings=m.max_position_embeddings,
+                               hidden_dropout_prob=m.hidden_dropout_prob)
+
+
+def check_batch_split(t: TrainConfig, replicas: int) -> None:
+    """The global batch must split evenly over the replicas and the accumulated micro-batches."""
+    k = t.gradient_accumulation_steps
+    if t.train_batch_size % (replicas * k):
+        raise UserInputError(f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
+                             f"gradient_accumulation_steps ({k}) = {replicas * k}.")
