@@ -21,8 +21,8 @@ from keras import ops  # noqa: E402
 
 from ..errors import UserInputError  # noqa: E402
 from ..train.bert_config import BertConfig  # noqa: E402
+from ..train.weight_names import NSP_WEIGHTS  # noqa: E402
 
-NSP_WEIGHTS = "cls/seq_relationship/output_weights"  # Google stores it [2, hidden]: the Dense kernel transposed
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 
 

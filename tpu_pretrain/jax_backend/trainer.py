@@ -263,24 +263,26 @@ class JaxTrainer:
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
         state = jax.device_get(self.state)
-        arrays = {f"{PARAMS}{n}": np.asarray(p) for n, p in zip(self.names, state["params"], strict=True)}
+        arrays = {f"{PARAMS}{n}": np.asarray(to_google(n, p)) for n, p in zip(self.names, state["params"], strict=True)}
         for slot in ("m", "v"):
-            arrays.update({f"{slot}/{n}": np.asarray(x) for n, x in zip(self.names, state["slots"][slot], strict=True)})
+            arrays.update({f"{slot}/{n}": np.asarray(to_google(n, x))
+                           for n, x in zip(self.names, state["slots"][slot], strict=True)})
         arrays.update({f"keras/{n}": np.asarray(x) for n, x in zip(self.keras_names, state["keras"], strict=True)})
         arrays["step"] = np.asarray(state["step"])
         return arrays
 
     def _put_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.state = self._place({
-            "params": [jnp.asarray(arrays[f"{PARAMS}{n}"]) for n in self.names],
-            "slots": {s: [jnp.asarray(arrays[f"{s}/{n}"]) for n in self.names] for s in ("m", "v")},
+            "params": [jnp.asarray(from_google(n, arrays[f"{PARAMS}{n}"])) for n in self.names],
+            "slots": {s: [jnp.asarray(from_google(n, arrays[f"{s}/{n}"])) for n in self.names] for s in ("m", "v")},
             "keras": [jnp.asarray(arrays[f"keras/{n}"]) for n in self.keras_names],
             "step": jnp.asarray(arrays["step"], jnp.int32)})
 
     def _state_shapes(self) -> dict[str, tuple]:
         shapes = {"step": ()}
         for n, v in zip(self.names, self.model.trainable_variables, strict=True):
-            shapes.update({f"{PARAMS}{n}": tuple(v.shape), f"m/{n}": tuple(v.shape), f"v/{n}": tuple(v.shape)})
+            shape = tuple(to_google(n, np.zeros(v.shape, np.int8)).shape)  # as Google stores it
+            shapes.update({f"{PARAMS}{n}": shape, f"m/{n}": shape, f"v/{n}": shape})
         shapes.update({f"keras/{n}": tuple(v.shape) for n, v in zip(self.keras_names,
                                                                      self.model.non_trainable_variables, strict=True)})
         return shapes

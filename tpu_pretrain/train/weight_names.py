@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import UserInputError
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+NSP_WEIGHTS = "cls/seq_relationship/output_weights"  # Google stores it [2, hidden]: a Dense kernel transposed
 
 
 def google_to_huggingface(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

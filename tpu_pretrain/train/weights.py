@@ -18,10 +18,9 @@ import tensorflow as tf
 
 from ..errors import UserInputError
 from .model import PretrainingModel
-from .weight_names import huggingface_to_google, read_hf_folder
+from .weight_names import NSP_WEIGHTS, huggingface_to_google, read_hf_folder
 
 log = logging.getLogger(__name__)
-NSP_WEIGHTS = "cls/seq_relationship/output_weights"
 
 
 def google_weights(pretraining: PretrainingModel, skip=()) -> dict[str, np.ndarray]:
