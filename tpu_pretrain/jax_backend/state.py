@@ -1,10 +1,11 @@
 """A JAX checkpoint's state file: weights, optimizer slots, step and Keras's RNG state in one ``state.npz``.
 
-Arrays are stored by name, laid out as in Google's checkpoints: ``params/<Google name>``, ``m/<Google name>`` and ``v/<Google name>`` (the
-optimizer's moments), ``keras/<variable path>`` (dropout's seed state), and ``step``. Because the
-weights carry Google's BERT checkpoint names, exporting or converting a JAX run needs NumPy alone
-(:func:`read_weights`), no JAX. The checkpoint folder around it (atomic, verified, pruned, mirrored)
-is :mod:`..train.checkpoints`'s, shared with the TensorFlow backend.
+Arrays are stored by name and laid out as in Google's checkpoints: ``params/<Google name>``,
+``m/<Google name>`` and ``v/<Google name>`` (the optimizer's moments), ``keras/<variable path>``
+(dropout's seed state), and ``step``. Because the weights carry Google's BERT checkpoint names,
+exporting or converting a JAX run needs NumPy alone (:func:`read_weights`), no JAX. The checkpoint
+folder around it (atomic, verified, pruned, mirrored) is :mod:`..train.checkpoints`'s, shared with the
+TensorFlow backend.
 """
 
 from __future__ import annotations
