@@ -26,6 +26,9 @@ from ..data.tfrecord import RecordFile, decode_examples
 from ..errors import UserInputError
 
 EPOCH_SHIFT, FILE_SHIFT = 48, 32
+# What a training step takes: the model's inputs and what the losses compare them with.
+BATCH_FEATURES = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
+                  "next_sentence_labels")
 ROUNDS = 4
 _MASK64 = np.uint64((1 << 64) - 1)
 

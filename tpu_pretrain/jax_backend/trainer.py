@@ -28,7 +28,7 @@ from ..train.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
 from ..train.resolve import check_batch_split, resolve_config, run_bert_config  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
-from .input import TrainingBatches, eval_batches  # noqa: E402
+from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
 from .model import build_model, from_google, google_variables, to_google  # noqa: E402
 from .state import PARAMS, JaxState  # noqa: E402
 
@@ -54,7 +54,6 @@ def pretraining_stats(outputs, batch: dict, with_nsp: bool) -> dict:
 
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
-BATCH_KEYS = MODEL_INPUTS + ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 
 
 class JaxTrainer:
@@ -163,7 +162,7 @@ class JaxTrainer:
             x = x.reshape((r, k, -1) + x.shape[1:]).swapaxes(0, 1)
             return x.reshape((k, -1) + x.shape[3:])
 
-        return {key: split(batch[key]) for key in BATCH_KEYS}
+        return {key: split(batch[key]) for key in BATCH_FEATURES}
 
     def gradients(self, state: dict, batch: dict):
         """``(summed gradients, summed statistics, new Keras state)`` of one global batch."""
@@ -211,7 +210,7 @@ class JaxTrainer:
             n = min(steps, self.steps_per_execution)
             first = self.step
             pulled = [next(self.train_batches) for _ in range(n)]
-            stacked = {key: np.stack([b[key] for _, b in pulled]) for key in BATCH_KEYS}
+            stacked = {key: np.stack([b[key] for _, b in pulled]) for key in BATCH_FEATURES}
             stacked = jax.device_put(stacked, self.devices.split(axis=1))
             self.state, sums = self._train_chunk(self.state, stacked)
             totals = add_sums(totals, jax.device_get(sums))
@@ -228,12 +227,13 @@ class JaxTrainer:
         totals: dict = {}
         for batch in eval_batches(self.data.eval_files, self.eval_batch_size, d.max_seq_length,
                                   d.max_predictions_per_seq, t.max_eval_steps):
-            batch = jax.device_put({k: batch[k] for k in BATCH_KEYS}, self.devices.split())
+            batch = jax.device_put({k: batch[k] for k in BATCH_FEATURES}, self.devices.split())
             totals = add_sums(totals, jax.device_get(self._eval_step(self.state, batch)))
         return metrics_from_sums(totals) if totals.get("examples") else None
 
     def learning_rate(self) -> float:
-        return float(opt.learning_rate(self.settings, self.step))
+        """The rate of the last update (as tf-keras reports it)."""
+        return float(opt.learning_rate(self.settings, max(self.step - 1, 0)))
 
     def describe(self) -> str:
         return f"JAX (Keras 3), {self.devices.describe()}"
