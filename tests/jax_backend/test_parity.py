@@ -15,11 +15,9 @@ import textwrap
 import numpy as np
 import pytest
 
-# isort: off
-import tpu_pretrain  # noqa: F401  (selects Keras 2 for TensorFlow; Keras 3 runs on JAX beside it)
-import tensorflow as tf
+import tpu_pretrain  # noqa: F401  (selects Keras 2 for TensorFlow)
 
-# isort: on
+tf = pytest.importorskip("tensorflow")  # this compares the backends: the environment with both
 pytest.importorskip("jax")
 
 from pretraining_fixtures import synthetic_instances, write_shards, write_vocab  # noqa: E402

@@ -25,7 +25,7 @@ def select_keras_backend() -> None:
         from ..environment import EnvironmentSetupError
 
         raise EnvironmentSetupError(
-            f"Keras was imported with the {keras.backend.backend()} backend before the JAX backend was used. "
-            "Set KERAS_BACKEND=jax before anything imports keras (or use the JAX backend first), then restart "
-            "the Python process or notebook kernel.")
+            f"Keras was imported with the {keras.backend.backend()} backend before the JAX backend was used (the "
+            "TensorFlow backend's bert4keras takes the name keras for tf-keras). Use the JAX backend in a new Python "
+            "process, or set KERAS_BACKEND=jax before anything imports keras; restart the notebook kernel.")
     os.environ["KERAS_BACKEND"] = "jax"

@@ -10,11 +10,16 @@ Q, K, V and output kernels, and an unseeded tf-keras initializer repeats its val
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
-from ..environment import check_dependencies
+from ..environment import EnvironmentSetupError, check_dependencies
 
 check_dependencies()  # before bert4keras: a missing or mismatched install is named with its fix
+if getattr(sys.modules.get("keras"), "__version__", "2").startswith("3"):
+    raise EnvironmentSetupError("Keras 3 (the JAX backend's) is already loaded in this process, and bert4keras needs "
+                                "the name keras for tf-keras: use the TensorFlow backend in a new Python process "
+                                "(or restart the notebook kernel).")
 
 import tensorflow as tf
 from bert4keras.layers import Dense, Embedding, Lambda, LayerNormalization, ScaleOffset
