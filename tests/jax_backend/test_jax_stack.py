@@ -75,7 +75,8 @@ def test_every_weight_matrix_gets_its_own_draw():
     weights = {name: np.asarray(v.value) for name, v in google_variables(model).items()}
     prefix = "bert/encoder/layer_0/attention/"
     q, k, v = (weights[f"{prefix}self/{n}/kernel"] for n in ("query", "key", "value"))
-    assert not np.allclose(q, k) and not np.allclose(k, v) and not np.allclose(q, weights[f"{prefix}output/dense/kernel"])
+    output = weights[f"{prefix}output/dense/kernel"]
+    assert not np.allclose(q, k) and not np.allclose(k, v) and not np.allclose(q, output)
     assert 0.015 < q.std() < 0.02 and np.abs(q).max() <= 0.04 + 1e-6  # truncated at 2 standard deviations
     assert np.all(weights[f"{prefix}output/LayerNorm/gamma"] == 1) and np.all(weights[f"{prefix}self/query/bias"] == 0)
 
@@ -144,9 +145,10 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
                  token_type_ids=torch.tensor(batch["segment_ids"], dtype=torch.long),
                  attention_mask=torch.tensor(batch["input_ids"] != 0, dtype=torch.long))
     positions = torch.tensor(batch["masked_lm_positions"], dtype=torch.long)
-    theirs = torch.gather(out.prediction_logits, 1, positions[:, :, None].expand(-1, -1, out.prediction_logits.shape[-1]))
-    worst = float(np.max(np.abs(theirs.numpy() - ours[0])))
-    print(f"MLM logits: max abs difference {worst:.3g}; NSP {np.max(np.abs(out.seq_relationship_logits.numpy() - ours[1])):.3g}")
+    logits = out.prediction_logits
+    theirs = torch.gather(logits, 1, positions[:, :, None].expand(-1, -1, logits.shape[-1]))
+    nsp = float(np.max(np.abs(out.seq_relationship_logits.numpy() - ours[1])))
+    print(f"MLM logits: max abs difference {float(np.max(np.abs(theirs.numpy() - ours[0]))):.3g}; NSP {nsp:.3g}")
     np.testing.assert_allclose(theirs.numpy(), ours[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(out.seq_relationship_logits.numpy(), ours[1], atol=1e-4, rtol=0)
     assert os.path.isfile(folder / "tokenizer.json")
