@@ -42,6 +42,11 @@ def choose_backend(requested: str = AUTO) -> tuple[str, str]:
                                  "pip install jax keras; on a TPU VM: pip install 'jax[tpu]' keras).")
         return JAX, "requested"
     if requested == TENSORFLOW:
+        if not tensorflow_installed():
+            raise UserInputError(
+                "backend=tensorflow needs TensorFlow, the matching tf-keras and bert4keras " + BERT4KERAS_VERSION
+                + " (make install, or pip install tensorflow tf-keras && pip install --no-deps bert4keras=="
+                + BERT4KERAS_VERSION + "); or train with --backend jax, which needs neither.")
         return TENSORFLOW, "requested"
     if requested != AUTO:
         raise UserInputError(f"backend={requested!r}: choose tensorflow, jax or auto.")

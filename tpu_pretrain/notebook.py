@@ -14,8 +14,8 @@ from typing import Any
 
 from .runtime import COLAB, runtime, tpu_vm_present
 
-__all__ = ["ParameterPanel", "describe_runtime", "keep_alive_script", "local_copy", "nvidia_gpus", "runtime",
-           "set_keep_alive", "show_instances"]
+__all__ = ["ParameterPanel", "choose_training_backend", "describe_runtime", "keep_alive_script", "local_copy",
+           "nvidia_gpus", "runtime", "set_keep_alive", "show_instances"]
 
 
 def describe_runtime() -> str:
@@ -28,6 +28,21 @@ def describe_runtime() -> str:
     return (f"runtime: {runtime()}; accelerator: {accelerator}; {os.cpu_count()} CPU cores; "
             f"{psutil.virtual_memory().total / 2**30:.1f} GiB memory; {disk.free / 2**30:.1f} GiB free disk in "
             f"{os.getcwd()}")
+
+
+def choose_training_backend(requested: str = "auto") -> str:
+    """The training backend for this runtime, said with its reason; pass it to ``train(backend=...)``.
+
+    On a TPU runtime whose image has JAX and no TPU build of TensorFlow (Colab's, Kaggle's) this is
+    ``jax``: training then needs no TensorFlow install (skip ``setup_tpu_runtime``). Elsewhere, with
+    TensorFlow and bert4keras installed, ``tensorflow``.
+    """
+    from .backend import JAX, choose_backend
+
+    backend, why = choose_backend(requested)
+    extra = ": Keras 3 on JAX, no TensorFlow install needed" if backend == JAX else ""
+    print(f"Training backend: {backend} ({why}){extra}.")
+    return backend
 
 
 def nvidia_gpus() -> list[str]:

@@ -23,6 +23,7 @@ pytest.importorskip("jax")
 
 from fault_injection import ENV, STEPS, check_resumed_run, sample_data, train_command  # noqa: E402
 
+from tpu_pretrain.errors import UserInputError  # noqa: E402
 from tpu_pretrain.jax_backend.input import TrainingBatches, permute  # noqa: E402
 from tpu_pretrain.jax_backend.state import read_arrays, read_weights  # noqa: E402
 
@@ -33,8 +34,9 @@ def data_dir(tmp_path_factory):
 
 
 def run_cli(args, env=None, timeout=600):
-    done = subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True,
-                          env=env or ENV, timeout=timeout)
+    """``tpu-pretrain ARGS`` (or a whole command from :func:`train_command`) in a subprocess; its output."""
+    command = args if args[0] == sys.executable else [sys.executable, "-m", "tpu_pretrain", *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env or ENV, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -44,8 +46,8 @@ def test_no_tensorflow_here_and_the_backend_is_chosen_for_it():
 
     backend, reason = choose_backend("auto")
     assert backend == "jax" and "not installed" in reason
-    with pytest.raises(Exception, match="TensorFlow"):
-        from tpu_pretrain.train import trainer  # noqa: F401
+    with pytest.raises(UserInputError, match="--backend jax"):
+        choose_backend("tensorflow")
 
 
 def test_order_is_a_pure_function_of_seed_and_records_consumed(data_dir):
@@ -81,33 +83,33 @@ def test_every_weight_matrix_gets_its_own_draw():
     assert np.all(weights[f"{prefix}output/LayerNorm/gamma"] == 1) and np.all(weights[f"{prefix}self/query/bias"] == 0)
 
 
-JAX_ARGS = ["--backend", "jax", "--save_checkpoints_steps", "6", "--steps_per_execution", "3"]
+JAX_ARGS = ["--backend", "jax", "--steps_per_execution", "4"]  # a call per checkpoint: one compilation
 
 
 @pytest.mark.slow
 def test_trains_on_two_devices_as_on_one_and_loads_no_tensorflow(data_dir, tmp_path):
-    """2 logical CPU devices with 2 accumulated micro-batches make the same updates as 1 device."""
+    """2 logical CPU devices with 2 accumulated micro-batches make the same updates as 1 device; training and
+    exporting never load TensorFlow, tf-keras or bert4keras."""
     one = tmp_path / "one"
-    run_cli(train_command(data_dir, one, steps=6, extra=JAX_ARGS))
-    two = tmp_path / "two"
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    output = run_cli(train_command(data_dir, two, steps=6, extra=[*JAX_ARGS, "--gradient_accumulation_steps", "2"]),
-                     env=env)
-    assert "2 device(s)" in json.loads((two / "train_summary.json").read_text())["accelerator"]
-    assert "Trained to step 6" in output
-    a, b = read_weights(one / "checkpoints" / "ckpt-000000006"), read_weights(two / "checkpoints" / "ckpt-000000006")
-    for name in a:
-        np.testing.assert_allclose(b[name], a[name], atol=2e-6, rtol=0, err_msg=name)
     script = textwrap.dedent(f"""
         import sys
         from tpu_pretrain.cli import main
-        assert main({train_command(data_dir, tmp_path / 'three', steps=3, extra=JAX_ARGS)[3:]!r}) == 0
-        assert main(["export", {str(tmp_path / 'three')!r}, "--format", "hf"]) == 0
+        assert main({train_command(data_dir, one, steps=8, extra=JAX_ARGS)[3:]!r}) == 0
+        assert main(["export", {str(one)!r}, "--format", "hf"]) == 0
         print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tf_keras", "bert4keras")))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "LOADED []" in done.stdout
+    assert "LOADED []" in done.stdout and (one / "export" / "hf" / "model.safetensors").is_file()
+    two = tmp_path / "two"
+    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    output = run_cli(train_command(data_dir, two, steps=8, extra=[*JAX_ARGS, "--gradient_accumulation_steps", "2"]),
+                     env=env)
+    assert "2 device(s)" in json.loads((two / "train_summary.json").read_text())["accelerator"]
+    assert "Trained to step 8" in output
+    a, b = read_weights(one / "checkpoints" / "ckpt-000000008"), read_weights(two / "checkpoints" / "ckpt-000000008")
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], atol=2e-6, rtol=0, err_msg=name)
 
 
 def final_weights(run_dir, step=STEPS):

@@ -207,7 +207,8 @@ class JaxTrainer:
             self.start_input(self.step)
         totals: dict = {}
         while steps > 0:
-            n = min(steps, self.steps_per_execution)
+            # Two compiled shapes at most: whole calls of steps_per_execution, and single steps for the rest.
+            n = self.steps_per_execution if steps >= self.steps_per_execution else 1
             first = self.step
             pulled = [next(self.train_batches) for _ in range(n)]
             stacked = {key: np.stack([b[key] for _, b in pulled]) for key in BATCH_FEATURES}
