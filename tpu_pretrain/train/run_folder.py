@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..config import RUN, Config, pinned_settings
+from ..config import RUN, Config, all_fields, pinned_settings
 from ..errors import UserInputError
 from ..storage.local import atomic_open, write_text_atomic
 from .bert_config import BertConfig
@@ -159,9 +159,11 @@ def run_identity(config: Config, bert_config: BertConfig, data_info) -> dict:
 
 def identity_differences(previous: dict, identity: dict) -> list[str]:
     differences = []
+    fields = all_fields()
     for key, value in identity["settings"].items():
-        if previous["settings"].get(key) != value:
-            differences.append(f"{key}: {previous['settings'].get(key)!r} in the run, {value!r} now")
+        before = previous["settings"].get(key, fields[key].default)  # a setting newer than the run: its default
+        if before != value:
+            differences.append(f"{key}: {before!r} in the run, {value!r} now")
     for key, value in identity["model"].items():
         if previous["model"].get(key) != value:
             differences.append(f"model {key}: {previous['model'].get(key)!r} in the run, {value!r} now")
