@@ -42,7 +42,7 @@ def train(data_dir: str, run: Path, backend: str, seed: int, args) -> dict:
                "--output_dir", str(run), "--model_size", args.model_size, "--train_batch_size", str(args.batch),
                "--num_train_steps", str(args.steps), "--num_warmup_steps", str(args.steps // 10),
                "--learning_rate", "1e-3", "--save_checkpoints_steps", str(args.steps), "--eval_every_steps", "0",
-               "--max_eval_steps", "0", "--steps_per_execution", "10", "--log_every_steps", "50",
+               "--max_eval_steps", "1000", "--steps_per_execution", "10", "--log_every_steps", "50",
                "--train_seed", str(seed), "--session_hours", "-1"]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if done.returncode:
