@@ -154,3 +154,22 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
     np.testing.assert_allclose(theirs.numpy(), ours[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(out.seq_relationship_logits.numpy(), ours[1], atol=1e-4, rtol=0)
     assert os.path.isfile(folder / "tokenizer.json")
+
+
+def test_bfloat16_computes_in_bfloat16_and_keeps_float32_weights(data_dir, tmp_path):
+    from tpu_pretrain.config import Config
+    from tpu_pretrain.jax_backend.input import BATCH_FEATURES, eval_batches
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    losses = {}
+    for precision in ("float32", "bfloat16"):
+        trainer = JaxTrainer(Config.load(data_dir=data_dir, output_dir=str(tmp_path), model_size="L2-H128",
+                                         train_batch_size=8, mixed_precision=precision, hidden_dropout_prob=0.0,
+                                         num_train_steps=10, num_warmup_steps=1))
+        batch = next(eval_batches(trainer.data.train_files, 8, 64, 10))
+        grads, stats, _ = trainer.gradients(trainer.state, {k: batch[k] for k in BATCH_FEATURES})
+        losses[precision] = float(stats["mlm_loss_sum"] / stats["mlm_weight"])
+        assert trainer.model.blocks[0].compute_dtype == precision
+        assert all(p.dtype == np.float32 for p in trainer.state["params"]) and all(g.dtype == np.float32 for g in grads)
+    print("MLM loss float32 vs bfloat16:", losses)
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=2e-2)
