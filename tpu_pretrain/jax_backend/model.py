@@ -19,7 +19,6 @@ select_keras_backend()
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..errors import UserInputError  # noqa: E402
 from ..train.bert_config import BertConfig  # noqa: E402
 from ..train.weight_names import NSP_WEIGHTS  # noqa: E402
 
@@ -152,12 +151,7 @@ class PretrainingBert(keras.Model):
 def build_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int, with_nsp: bool = True,
                 dtype=None) -> PretrainingBert:
     """The model with its weights created (static shapes: one call on a zero batch)."""
-    if config.hidden_size % config.num_attention_heads:
-        raise UserInputError(f"hidden_size {config.hidden_size} is not a multiple of num_attention_heads "
-                             f"{config.num_attention_heads}.")
-    if max_seq_length > config.max_position_embeddings:
-        raise UserInputError(f"max_seq_length {max_seq_length} is above the model's max_position_embeddings "
-                             f"{config.max_position_embeddings}.")
+    config.check_sequence_length(max_seq_length)
     model = PretrainingBert(config, with_nsp, dtype=dtype)
     zeros = ops.zeros((1, max_seq_length), "int32")
     model([zeros, zeros, ops.zeros((1, max_predictions_per_seq), "int32")])

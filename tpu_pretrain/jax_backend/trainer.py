@@ -25,7 +25,7 @@ from ..config import Config  # noqa: E402
 from ..data.data_folder import read_data_info  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..train.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
-from ..train.resolve import check_batch_split, resolve_config, run_bert_config  # noqa: E402
+from ..train.resolve import check_batch_split, eval_batch_size, resolve_config, run_bert_config  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
@@ -92,7 +92,7 @@ class JaxTrainer:
         self.state = self._place({"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
                                   "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)})
         self.decay_mask = opt.decayed(params)
-        self.eval_batch_size = self._eval_batch_size()
+        self.eval_batch_size = eval_batch_size(self.config.train, self.data, self.devices.num_replicas)
         replicated = self.devices.replicated()
         self._train_chunk = jax.jit(self._chunk, donate_argnums=(0,), out_shardings=(replicated, replicated))
         self._eval_step = jax.jit(self._eval_stats, out_shardings=replicated)
@@ -122,15 +122,6 @@ class JaxTrainer:
             raise UserInputError(f"init_checkpoint {path} holds no BERT weights that this model uses.")
         log.info("Initialised %d weights from %s; %d keep their random init%s", len(loaded), path, len(missing),
                  f": {', '.join(missing[:6])}" if missing else "")
-
-    def _eval_batch_size(self) -> int:
-        if not self.data.eval_files:
-            return 0
-        replicas = self.devices.num_replicas
-        size = self.config.train.eval_batch_size or self.config.train.train_batch_size
-        if self.data.eval_instances is not None:
-            size = min(size, self.data.eval_instances)
-        return size - size % replicas
 
     def start_input(self, step: int) -> None:
         """Open the training input at ``step``: the order is a pure function of (seed, records consumed)."""

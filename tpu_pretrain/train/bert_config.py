@@ -58,6 +58,15 @@ class BertConfig:
             raise UserInputError(f"bert_config_file {path} has no vocab_size; is it a BERT config?")
         return cls.from_dict(values)
 
+    def check_sequence_length(self, max_seq_length: int) -> None:
+        """Refuse shapes no backend can build: heads that do not split the width, sequences beyond the positions."""
+        if self.hidden_size % self.num_attention_heads:
+            raise UserInputError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                                 f"{self.num_attention_heads}.")
+        if max_seq_length > self.max_position_embeddings:
+            raise UserInputError(f"max_seq_length {max_seq_length} is above the model's max_position_embeddings "
+                                 f"{self.max_position_embeddings}.")
+
     def to_json_file(self, path: str | os.PathLike) -> None:
         write_text_atomic(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 

@@ -25,7 +25,6 @@ import tensorflow as tf
 from bert4keras.layers import Dense, Embedding, Lambda, LayerNormalization, ScaleOffset
 from bert4keras.models import BERT
 
-from ..errors import UserInputError
 from .bert_config import BertConfig
 
 keras = tf.keras
@@ -112,12 +111,7 @@ class PretrainingModel:
 def build_pretraining_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,
                             with_nsp: bool = True) -> PretrainingModel:
     """Build (in the current strategy scope) BERT with static shapes, as TPUs need."""
-    if config.hidden_size % config.num_attention_heads:
-        raise UserInputError(f"hidden_size {config.hidden_size} is not a multiple of num_attention_heads "
-                             f"{config.num_attention_heads}.")
-    if max_seq_length > config.max_position_embeddings:
-        raise UserInputError(f"max_seq_length {max_seq_length} is above the model's max_position_embeddings "
-                             f"{config.max_position_embeddings}.")
+    config.check_sequence_length(max_seq_length)
     bert = PretrainingBERT(
         initializer_range=config.initializer_range,
         with_nsp_head=with_nsp,

@@ -53,3 +53,17 @@ def check_batch_split(t: TrainConfig, replicas: int) -> None:
     if t.train_batch_size % (replicas * k):
         raise UserInputError(f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
                              f"gradient_accumulation_steps ({k}) = {replicas * k}.")
+
+
+def eval_batch_size(t: TrainConfig, data: DataInfo, replicas: int) -> int:
+    """The global eval batch: eval_batch_size (or the training batch), at most the eval set, split evenly."""
+    if not data.eval_files:
+        return 0
+    size = t.eval_batch_size or t.train_batch_size
+    if data.eval_instances is not None:
+        size = min(size, data.eval_instances)
+    size -= size % replicas
+    if not size:
+        log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.", data.eval_instances,
+                    replicas)
+    return size

@@ -21,7 +21,7 @@ from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
 from .model import build_pretraining_model
 from .optimization import create_optimizer
-from .resolve import check_batch_split, resolve_config, run_bert_config
+from .resolve import check_batch_split, eval_batch_size, resolve_config, run_bert_config
 from .weights import load_init_checkpoint
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Trainer:
                 self.init_report = load_init_checkpoint(self.pretraining, self.config.model.init_checkpoint)
             self.optimizer = self._create_optimizer()
         self.train_dataset = self.train_iterator = None  # opened at the (restored) step by start_input()
-        self.eval_batch_size = self._eval_batch_size()
+        self.eval_batch_size = eval_batch_size(t, self.data, self.accelerator.num_replicas)
         self.eval_dataset = None
         if self.eval_batch_size:
             self.eval_dataset = distributed_dataset(
@@ -101,19 +101,6 @@ class Trainer:
             shuffle_buffer_size=t.shuffle_buffer_size, masking=self._dynamic_masking(),
             start_record=step * t.train_batch_size, records_per_epoch=self.data.train_instances)
         self.train_iterator = iter(self.train_dataset)
-
-    def _eval_batch_size(self) -> int:
-        if not self.data.eval_files:
-            return 0
-        replicas = self.accelerator.num_replicas
-        size = self.config.train.eval_batch_size or self.config.train.train_batch_size
-        if self.data.eval_instances is not None:
-            size = min(size, self.data.eval_instances)
-        size -= size % replicas
-        if not size:
-            log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.",
-                        self.data.eval_instances, replicas)
-        return size
 
     # -- compiled steps ----------------------------------------------------------------------------
     def _forward_stats(self, batch, global_weight, global_examples, training: bool):
