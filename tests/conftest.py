@@ -1,12 +1,8 @@
 """Fixtures shared by the tests that talk to Cloud Storage: a real API server on loopback, and a bucket."""
 
-import os
 import uuid
 
 import pytest
-
-# Keras 3 (the JAX backend's) runs on JAX in every test process, whichever test imports it first.
-os.environ.setdefault("KERAS_BACKEND", "jax")
 from storage_emulator import Emulator, use_emulator
 
 
