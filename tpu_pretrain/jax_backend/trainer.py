@@ -132,6 +132,7 @@ class JaxTrainer:
                                              start_record=step * t.train_batch_size)
 
     def close(self) -> None:
+        """Stop the input's reading threads."""
         if isinstance(self.train_batches, TrainingBatches):
             self.train_batches.close()
 

@@ -56,6 +56,8 @@ class Trainer(Protocol):
 
     def describe(self) -> str: ...
 
+    def close(self) -> None: ...
+
 
 @dataclass
 class TrainResult:
@@ -171,8 +173,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
     finally:
         guard.close()
         bar.close()
-        if hasattr(trainer, "close"):  # the JAX backend's input threads
-            trainer.close()
+        trainer.close()
         if mirror is not None:
             if not mirror.wait(timeout=600):
                 log.warning("The checkpoint mirror %s is behind: %s", mirror.url, mirror.error)

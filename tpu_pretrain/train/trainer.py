@@ -210,3 +210,6 @@ class Trainer:
 
     def describe(self) -> str:
         return f"TensorFlow, {self.accelerator.describe()}"
+
+    def close(self) -> None:
+        """Nothing to release: tf.data stops with its iterator."""
