@@ -41,13 +41,16 @@ def run_cli(args, env=None, timeout=600):
     return done.stdout
 
 
-def test_no_tensorflow_here_and_the_backend_is_chosen_for_it():
+def test_no_tensorflow_here_and_the_backend_is_chosen_for_it(tmp_path, capsys):
     from tpu_pretrain.backend import choose_backend
+    from tpu_pretrain.cli import main
 
     backend, reason = choose_backend("auto")
     assert backend == "jax" and "not installed" in reason
     with pytest.raises(UserInputError, match="--backend jax"):
         choose_backend("tensorflow")
+    assert main(["evaluate", str(tmp_path)]) == 2  # said plainly, not an ImportError
+    assert "train_summary.json" in capsys.readouterr().err
 
 
 def test_order_is_a_pure_function_of_seed_and_records_consumed(data_dir):
