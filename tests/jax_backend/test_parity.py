@@ -124,3 +124,34 @@ def test_same_weights_and_batches_give_the_same_loss_gradients_and_updates(data_
     assert moved > 1e-3
     for name in start:
         np.testing.assert_allclose(jax_after[name], tf_after[name], atol=2e-5, rtol=0, err_msg=name)
+
+
+def cli(*args):
+    done = subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_weights_move_between_the_backends_through_the_exports(data_dir, tmp_path):
+    """A TensorFlow run's Google export starts a JAX run whose step-0 held-out figures are the TensorFlow run's
+    final ones; that JAX run's weights, evaluated by the TensorFlow model, give its own figures again."""
+    common = ["--data_dir", data_dir, "--model_size", "L2-H128", "--train_batch_size", str(B), "--num_warmup_steps",
+              "1", "--save_checkpoints_steps", "4", "--eval_every_steps", "0", "--session_hours", "-1",
+              "--max_eval_steps", "2"]
+    tf_run, jax_run = tmp_path / "tf", tmp_path / "jax"
+    cli("train", "--output_dir", str(tf_run), "--num_train_steps", "4", *common)
+    cli("export", str(tf_run), "--format", "tf")
+    cli("train", "--backend", "jax", "--output_dir", str(jax_run), "--num_train_steps", "4",
+        "--init_checkpoint", str(tf_run / "export" / "tf" / "bert_model.ckpt"), *common)
+    tf_final = json.loads((tf_run / "train_summary.json").read_text())["final_eval"]
+    jax_summary = json.loads((jax_run / "train_summary.json").read_text())
+    for key in ("mlm_loss", "mlm_accuracy", "nsp_loss"):
+        assert jax_summary["initial_eval"][key] == pytest.approx(tf_final[key], rel=1e-5), key
+    evaluated = cli("evaluate", str(jax_run), "--data_dir", data_dir, "--max_eval_steps", "2", "--eval_batch_size",
+                    str(B))
+    figures = json.loads((jax_run / "evaluation.json").read_text())["metrics"]
+    assert "step 4" in evaluated
+    for key in ("mlm_loss", "mlm_accuracy", "nsp_loss"):
+        assert figures[key] == pytest.approx(jax_summary["final_eval"][key], rel=1e-5), key

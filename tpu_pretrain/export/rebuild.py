@@ -24,8 +24,8 @@ from ..train.bert_config import BertConfig, checkpoint_bert_config
 from ..train.checkpoints import CheckpointError, find_checkpoint
 from ..train.model import PretrainingModel, build_pretraining_model
 from ..train.run_folder import RunFolder, run_vocab_file
-from ..train.weight_names import HF_WEIGHT_FILES
-from ..train.weights import has_pooler, load_google_weights, load_init_checkpoint, tf_checkpoint_prefix
+from ..train.weight_names import HF_WEIGHT_FILES, tf_checkpoint_prefix
+from ..train.weights import has_pooler, load_google_weights, load_init_checkpoint
 
 log = logging.getLogger(__name__)
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

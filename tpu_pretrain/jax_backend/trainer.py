@@ -104,19 +104,18 @@ class JaxTrainer:
         """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with TensorFlow)."""
         from pathlib import Path
 
-        from ..train.weight_names import HF_WEIGHT_FILES, huggingface_to_google, read_hf_folder
+        from ..train.weight_names import HF_WEIGHT_FILES, read_checkpoint_weights
 
         p = Path(path)
-        if p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES):
-            weights = huggingface_to_google(read_hf_folder(p))
-        else:
-            try:
-                from ..train.weights import read_checkpoint_weights
-            except ImportError:
-                raise UserInputError(f"init_checkpoint {path}: reading a Google TF checkpoint needs TensorFlow; "
-                                     "convert it to a Hugging Face folder (`tpu-pretrain export CKPT --format hf "
-                                     "--output DIR` where TensorFlow is installed) or install TensorFlow.") from None
+        hf = p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES)
+        try:
             weights = read_checkpoint_weights(path)
+        except ImportError:
+            if hf:
+                raise
+            raise UserInputError(f"init_checkpoint {path}: reading a Google TF checkpoint needs TensorFlow; convert "
+                                 "it to a Hugging Face folder (`tpu-pretrain export CKPT --format hf --output DIR` "
+                                 "where TensorFlow is installed) or install TensorFlow.") from None
         loaded, missing = self.set_google_weights(weights, strict=False)
         if not loaded:
             raise UserInputError(f"init_checkpoint {path} holds no BERT weights that this model uses.")

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from ..errors import UserInputError
 from .model import PretrainingModel
-from .weight_names import NSP_WEIGHTS, huggingface_to_google, read_hf_folder
+from .weight_names import NSP_WEIGHTS, read_checkpoint_weights, tf_checkpoint_prefix
 
 log = logging.getLogger(__name__)
 
@@ -86,37 +86,6 @@ def load_google_weights(pretraining: PretrainingModel, weights: dict[str, np.nda
     report = InitReport(source, loaded, missing)
     log.info(report.summary())
     return report
-
-
-def read_checkpoint_weights(path: str) -> dict[str, np.ndarray]:
-    """Every weight of a checkpoint, by Google BERT variable name."""
-    p = Path(path)
-    if p.is_dir() and any((p / n).is_file() for n in ("model.safetensors", "pytorch_model.bin")):
-        return huggingface_to_google(read_hf_folder(p))
-    prefix = tf_checkpoint_prefix(p)
-    if prefix is None:
-        raise UserInputError(
-            f"init_checkpoint {path} is neither a TF checkpoint (a prefix such as .../bert_model.ckpt with "
-            ".index and .data files, or a folder holding one) nor a Hugging Face folder with "
-            "model.safetensors."
-        )
-    reader = tf.train.load_checkpoint(prefix)
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.endswith(("adam_m", "adam_v")) and name != "global_step"}
-
-
-def tf_checkpoint_prefix(p: Path) -> str | None:
-    if p.is_dir():
-        latest = tf.train.latest_checkpoint(str(p))
-        if latest:
-            return latest
-        indexes = sorted(p.glob("*.index"))
-        return str(indexes[0])[: -len(".index")] if indexes else None
-    if Path(str(p) + ".index").is_file():
-        return str(p)
-    if p.suffix == ".index" and p.is_file():
-        return str(p)[: -len(".index")]
-    return None
 
 
 def has_pooler(path: Path) -> bool:
