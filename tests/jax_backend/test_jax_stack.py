@@ -157,6 +157,11 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
     np.testing.assert_allclose(theirs.numpy(), ours[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(out.seq_relationship_logits.numpy(), ours[1], atol=1e-4, rtol=0)
     assert os.path.isfile(folder / "tokenizer.json")
+    again = tmp_path / "from_hf"  # and back: a JAX run started from the export sees the same weights
+    run_cli(train_command(data_dir, again, steps=4, extra=[*JAX_ARGS, "--init_checkpoint", str(folder)]))
+    final = json.loads((run / "train_summary.json").read_text())["final_eval"]
+    initial = json.loads((again / "train_summary.json").read_text())["initial_eval"]
+    assert initial["mlm_loss"] == pytest.approx(final["mlm_loss"], rel=1e-5)
 
 
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_weights(data_dir, tmp_path):
