@@ -30,7 +30,7 @@ from tpu_pretrain.data.vocab import build_vocab  # noqa: E402
 def make_data(root: Path) -> str:
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=400_000)
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=2000, num_unused_tokens=5,
-                                    vocab_file=str(root / "vocab.txt")))
+                                    output_dir=str(root)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
                                         max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, num_shards=2,
                                         eval_fraction=0.1, workers=2))

@@ -25,7 +25,7 @@ def sample_data(root: Path) -> str:
     """A small data folder from the sample corpus: 3 training shards and an eval shard, length 64."""
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=80_000)
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5,
-                                    vocab_file=str(root / "vocab.txt")))
+                                    output_dir=str(root)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
                                         max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1,
                                         num_shards=3, eval_fraction=0.05))
@@ -37,7 +37,7 @@ def train_command(data_dir, run_dir, steps=STEPS, extra=()):
             "--model_size", "L2-H128", "--train_batch_size", "8", "--num_train_steps", str(steps),
             "--num_warmup_steps", "4", "--learning_rate", "1e-3", "--save_checkpoints_steps", "4",
             "--log_every_steps", "4", "--eval_every_steps", "0", "--max_eval_steps", "1",
-            "--steps_per_execution", "1", "--hidden_dropout_prob", "0", "--log_example_ids", "--train_seed", "3",
+            "--steps_per_execution", "1", "--hidden_dropout_prob", "0.1", "--log_example_ids", "--train_seed", "3",
             "--shuffle_buffer_size", "64", "--keep_checkpoint_max", "3", "--session_hours", "-1", *extra]
 
 
@@ -88,7 +88,8 @@ def kill_repeatedly(command: list[str], run: Path, kills_wanted: int = 6, seed: 
 
 
 def check_resumed_run(data_dir, tmp_path, final_variables, extra=()) -> None:
-    """The whole fault-injection check: an uninterrupted run, a run killed six times and finished, compared."""
+    """The whole fault-injection check: an uninterrupted run, a run killed six times and finished, compared
+    (with dropout on: its masks are a function of seed and step, like the data order)."""
     reference = tmp_path / "reference"
     done = subprocess.run(train_command(data_dir, reference, extra=extra), env=ENV, capture_output=True, text=True,
                           timeout=600)

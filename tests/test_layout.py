@@ -139,7 +139,7 @@ def test_data_preparation_never_imports_tensorflow(tmp_path):
         from tpu_pretrain.data.vocab import build_vocab
         corpus = str(write_sample_corpus({str(tmp_path / "corpus.txt")!r}, max_chars=40_000))
         vocab = build_vocab(Config.load(input=[corpus], vocab_size=1200, num_unused_tokens=5,
-                                        vocab_file={str(tmp_path / "vocab.txt")!r}))
+                                        output_dir={str(tmp_path)!r}))
         manifest = create_pretraining_data(Config.load(input=[corpus], vocab_file=vocab.path, workers=2,
                                                        output_dir={str(tmp_path / "data")!r}, max_seq_length=64,
                                                        max_predictions_per_seq=10, dupe_factor=1))

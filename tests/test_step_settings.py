@@ -37,6 +37,7 @@ VOCAB_CHANGES = {
     "doc_separator": "%", "unicode_normalization": "NFC", "strip_control": False, "strip_punctuation": True,
     "dedupe_lines": True, "max_line_length": 200, "vocab_size": 1300, "num_unused_tokens": 20,
     "vocab_sample_lines": 200, "sentencepiece_model_type": "unigram", "random_seed": 2, "do_lower_case": False,
+    "encoding": "latin-1",
 }
 DATA_BASE = {"max_seq_length": 64, "max_predictions_per_seq": 9, "dupe_factor": 1, "eval_fraction": 0.1,
              "num_shards": 1, "random_seed": 1}
@@ -45,7 +46,7 @@ DATA_CHANGES = {
     "strip_punctuation": True, "dedupe_lines": True, "max_line_length": 200, "max_seq_length": 56,
     "max_predictions_per_seq": 8, "masked_lm_prob": 0.2, "dupe_factor": 2, "short_seq_prob": 0.5,
     "random_seed": 2, "do_lower_case": False, "do_whole_word_mask": True, "no_nsp": True,
-    "chinese_whole_word": True, "num_shards": 2, "eval_fraction": 0.2,
+    "chinese_whole_word": True, "num_shards": 2, "eval_fraction": 0.2, "encoding": "latin-1",
 }
 
 
@@ -67,7 +68,7 @@ def test_every_vocab_flag_changes_the_vocab(corpus, tmp_path):
     assert offered == set(VOCAB_CHANGES), "a vocab setting without a check here (or a check without a setting)"
 
     def vocab(name, **changes):
-        return digest(build_vocab(Config.load(input=[corpus], vocab_file=str(tmp_path / name / "vocab.txt"),
+        return digest(build_vocab(Config.load(input=[corpus], output_dir=str(tmp_path / name),
                                               **{**VOCAB_BASE, **changes})).path)
 
     base = vocab("base")
@@ -79,7 +80,7 @@ def test_every_create_data_flag_changes_the_shards(corpus, tmp_path):
     offered = set(step_settings(CREATE_DATA)) - WHERE_OR_HOW_FAST
     assert offered == set(DATA_CHANGES), "a create-data setting without a check here (or a check without a setting)"
     assert set(pinned_settings(DATA)) <= offered  # every setting that shapes the data is offered
-    vocab = build_vocab(Config.load(input=[corpus], vocab_file=str(tmp_path / "vocab.txt"), **VOCAB_BASE)).path
+    vocab = build_vocab(Config.load(input=[corpus], output_dir=str(tmp_path), **VOCAB_BASE)).path
 
     def shards(name, **changes):
         manifest = create_pretraining_data(Config.load(
@@ -94,6 +95,7 @@ def test_every_create_data_flag_changes_the_shards(corpus, tmp_path):
 @pytest.mark.parametrize("argv", [
     ["vocab", "--chinese_whole_word"],  # vocab has no word segmentation to do
     ["vocab", "--split_sentences"],  # the vocab sample is read line by line
+    ["vocab", "--vocab_file", "vocab.txt"],  # vocab writes OUTPUT_DIR/vocab.txt; it never takes a file to replace
     ["create-data", "--max_position_embeddings", "512"],  # a property of the model, not of the data
     ["train", "--max_seq_length", "128"],  # read from the data
     ["train", "--max_predictions_per_seq", "20"],  # read from the data

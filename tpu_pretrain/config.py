@@ -41,7 +41,10 @@ def _f(default, help_text: str, steps: tuple[str, ...] = (), pins: tuple[str, ..
 class CorpusConfig:
     """How raw text is read and normalised."""
 
-    input: list[str] = _f([], "Corpus files, globs or folders (.txt, .gz).", steps=CORPUS_STEPS)
+    input: list[str] = _f([], "Corpus files, globs or folders (.txt; gzip, bzip2 or xz compressed).",
+                          steps=CORPUS_STEPS)
+    encoding: str = _f("utf-8", "Text encoding of the corpus files (e.g. latin-1, cp1252, gbk).",
+                       steps=CORPUS_STEPS, pins=(DATA,))
     doc_separator: str = _f("", "A line that separates documents (e.g. '%'); blank lines always do.",
                             steps=CORPUS_STEPS, pins=(DATA,))
     split_sentences: bool = _f(False, "Split lines holding a paragraph into sentences (English, Chinese).",
@@ -75,7 +78,7 @@ class PretrainingDataConfig:
     """How pretraining instances are made (flags of Google's create_pretraining_data.py)."""
 
     vocab_file: str = _f("", "WordPiece vocab.txt ([PAD] [UNK] [CLS] [SEP] [MASK] required).",
-                         steps=(VOCAB, CREATE_DATA, TRAIN))
+                         steps=(CREATE_DATA, TRAIN))
     max_seq_length: int = _f(128, "Tokens per sequence, [CLS] and [SEP]s included.",
                              steps=(CREATE_DATA,), pins=(DATA, RUN))
     max_predictions_per_seq: int = _f(20, "Most masked positions per sequence.", steps=(CREATE_DATA,), pins=(DATA, RUN))
@@ -172,7 +175,7 @@ class StorageConfig:
 
     data_dir: str = _f("", "Folder (or gs:// URL) holding the TFRecord shards and manifest.json.",
                        steps=(TRAIN, EVALUATE, STORAGE_CHECK))
-    output_dir: str = _f("", "Folder (or gs:// URL) this step writes to.",
+    output_dir: str = _f("", "Folder (or gs:// URL) this step writes to (vocab: OUTPUT_DIR/vocab.txt).",
                          steps=(VOCAB, CREATE_DATA, TRAIN, DEMO, STORAGE_CHECK))
     keep_checkpoint_max: int = _f(5, "Newest checkpoints kept.", steps=(TRAIN,))
     mirror_dir: str = _f("", "Drive folder or gs:// URL where the run's checkpoints are mirrored in the background.",
@@ -246,7 +249,11 @@ class Config:
         for key, value in values.items():
             if key in SECTIONS and isinstance(value, dict):
                 for sub_key, sub_value in value.items():
-                    if sub_key not in _FIELD_SECTION or _FIELD_SECTION[sub_key] != key:
+                    if sub_key in _FIELD_SECTION and _FIELD_SECTION[sub_key] != key:
+                        raise ConfigError(
+                            f"Setting '{sub_key}' in {source} is under section '{key}', but it belongs to section "
+                            f"'{_FIELD_SECTION[sub_key]}': move it there (or to the top level).")
+                    if sub_key not in _FIELD_SECTION:
                         raise ConfigError(unknown_key_message(sub_key, source, section=key))
                     self.set(sub_key, sub_value, source)
             else:

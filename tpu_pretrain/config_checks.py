@@ -55,10 +55,19 @@ def _check_data(d, m) -> None:
     _require(0 <= d.eval_fraction <= 0.5, "eval_fraction", d.eval_fraction, "use a value in [0, 0.5]")
     _require(d.num_shards >= 0, "num_shards", d.num_shards, "use 0 (automatic) or a positive count")
     _require(d.workers >= 0, "workers", d.workers, "use 0 (all cores) or a positive count")
+    _require(m.hidden_dropout_prob == -1 or 0 <= m.hidden_dropout_prob < 1, "hidden_dropout_prob",
+             m.hidden_dropout_prob, "use a rate in [0, 1), e.g. 0.1, or -1 for the model's own")
 
 
 def _check_corpus_and_vocab(c, v) -> None:
     _require(c.max_line_length >= 1, "max_line_length", c.max_line_length, "use a positive character count")
+    try:
+        ascii_compatible = "\n".encode(c.encoding) == b"\n"
+    except LookupError:
+        raise ConfigError(f"Setting encoding={c.encoding!r} is invalid: it is not an encoding Python knows "
+                          "(e.g. utf-8, latin-1, cp1252, gbk, shift_jis).") from None
+    _require(ascii_compatible, "encoding", c.encoding, "the corpus is read line by line, which needs an "
+             "ASCII-compatible encoding; convert the files to UTF-8 first (iconv -t UTF-8)")
     _require(v.num_unused_tokens >= 0, "num_unused_tokens", v.num_unused_tokens, "use 0 or more")
     _require(
         v.vocab_size >= 5 + v.num_unused_tokens + 100,
@@ -71,6 +80,14 @@ def _check_corpus_and_vocab(c, v) -> None:
 
 
 def _check_storage(s) -> None:
+    from .storage.errors import StorageError
+    from .storage.gcs import check_location
+
+    for key in ("data_dir", "output_dir", "mirror_dir"):
+        try:
+            check_location(getattr(s, key))
+        except StorageError as exc:
+            raise ConfigError(f"Setting {key}: {exc}") from None
     _require(s.keep_checkpoint_max >= 1, "keep_checkpoint_max", s.keep_checkpoint_max, "keep at least 1")
     _require(s.transfer_workers >= 1, "transfer_workers", s.transfer_workers, "use at least 1")
     _require(s.transfer_retries >= 0, "transfer_retries", s.transfer_retries, "use 0 or more")
@@ -105,6 +122,18 @@ def _check_train(t) -> None:
     _require(t.log_every_steps >= 1, "log_every_steps", t.log_every_steps, "use at least 1")
     _require(t.eval_every_steps >= 0, "eval_every_steps", t.eval_every_steps, "use 0 (end only) or more")
     _require(t.max_eval_steps >= 1, "max_eval_steps", t.max_eval_steps, "use at least 1")
+    _check_optimizer(t)
+
+
+def _check_optimizer(t) -> None:
+    for key in ("adam_beta1", "adam_beta2"):
+        _require(0 <= getattr(t, key) < 1, key, getattr(t, key), "use a value in [0, 1), e.g. 0.9 or 0.999")
+    _require(t.adam_epsilon > 0, "adam_epsilon", t.adam_epsilon, "use a small positive value, e.g. 1e-6")
+    _require(t.lr_decay_power > 0, "lr_decay_power", t.lr_decay_power, "use a positive power (1.0: linear)")
+    _require(0 <= t.end_learning_rate <= t.learning_rate, "end_learning_rate", t.end_learning_rate,
+             f"use a value between 0 and learning_rate={t.learning_rate}")
+    _require(t.session_margin_minutes >= 0, "session_margin_minutes", t.session_margin_minutes, "use 0 or more")
+
 
 def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:
     """The most tokens masking picks in a full sequence ([CLS] and two [SEP]s excluded)."""
@@ -154,6 +183,8 @@ def coerce(key: str, value: Any, kind: Any, choices, source: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError("not a number")
             result = float(value)
+            if not math.isfinite(result):
+                raise ValueError("not a finite number")
         elif kind is str:
             if not isinstance(value, str | int | float | os.PathLike):
                 raise ValueError("not a string")

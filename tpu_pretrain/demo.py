@@ -23,15 +23,15 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
     corpus = write_sample_corpus(out / "corpus" / "stdlib_docstrings.txt")
     print(f"[1/6] sample corpus: {corpus} ({corpus.stat().st_size / 1e6:.2f} MB of standard-library docstrings)")
 
-    config = Config.load(
-        input=[str(corpus)], output_dir=str(out), vocab_size=8000, vocab_file=str(out / "vocab.txt"),
-        random_seed=12345, workers=workers,
-    )
-    vocab = build_vocab(config)
-    print(f"[2/6] vocab: {vocab.path} ({vocab.vocab_size} tokens, {vocab.pieces} learnt pieces)")
+    vocab = out / "vocab.txt"
+    if vocab.exists():  # an earlier demo's (or yours): kept, never overwritten
+        print(f"[2/6] vocab: {vocab} (already there: kept)")
+    else:
+        built = build_vocab(Config.load(input=[str(corpus)], output_dir=str(out), vocab_size=8000, random_seed=12345))
+        print(f"[2/6] vocab: {built.path} ({built.vocab_size} tokens, {built.pieces} learnt pieces)")
 
     config = Config.load(
-        input=[str(corpus)], output_dir=str(out / "data"), vocab_file=vocab.path, max_seq_length=128,
+        input=[str(corpus)], output_dir=str(out / "data"), vocab_file=str(vocab), max_seq_length=128,
         max_predictions_per_seq=20, dupe_factor=5, eval_fraction=0.05, do_whole_word_mask=True, workers=workers,
     )
     manifest = create_pretraining_data(config)
@@ -55,5 +55,5 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
     hf, tf_ckpt = export(run, "hf"), export(run, "tf")
     print(f"[6/6] curves: {curves}; Hugging Face export: {hf}; original TF checkpoint export: {tf_ckpt}")
     print(f"demo finished in {time.time() - started:.1f} s; artefacts under {out.resolve()}")
-    return {"corpus": str(corpus), "vocab": vocab.path, "data_dir": str(out / "data"), "manifest": manifest,
+    return {"corpus": str(corpus), "vocab": str(vocab), "data_dir": str(out / "data"), "manifest": manifest,
             "run": str(run), "train": result, "evaluation": evaluation, "hf": str(hf), "tf": str(tf_ckpt)}

@@ -10,8 +10,11 @@ listed in :data:`ENVIRONMENT_OVERRIDES` and read only through :func:`environment
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
+import tempfile
 from importlib import metadata
 
 BERT4KERAS_VERSION = "0.11.5"
@@ -101,3 +104,56 @@ def installed_version(*names: str) -> str | None:
 def minor_version(version: str) -> str:
     """``2.19`` of ``2.19.1``: tf-keras must match TensorFlow to this precision."""
     return ".".join(version.split(".")[:2])
+
+
+# TensorFlow's C++ start-up lines that are not the user's business on a machine without the hardware they
+# mention (written to the process's stderr before Python's logging can filter anything).
+NATIVE_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|cudart_stub\.cc.*Could not find cuda drivers"
+    r"|failed call to cuInit"
+    r"|Unable to register cu(DNN|FFT|BLAS) factory"
+    r"|computation placer already registered"
+    r"|oneDNN custom operations are on"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|To enable the following instructions: .* in other operations, rebuild TensorFlow"
+    r"|TF-TRT Warning: Could not find TensorRT")
+
+
+@contextlib.contextmanager
+def native_stderr_filtered(noise: re.Pattern = NATIVE_NOISE):
+    """Hold what is written to file descriptor 2 during the block, then pass on every line but the noise."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (some notebook front ends): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode("utf-8", "replace").splitlines(keepends=True)
+                    if not noise.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def import_tensorflow():
+    """TensorFlow, imported (and its devices listed, off TPU VMs) with the C++ start-up noise filtered out."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    from .runtime import tpu_vm_present
+
+    with native_stderr_filtered():
+        import tensorflow as tf
+
+        if not tpu_vm_present():  # the CUDA probe ("failed call to cuInit") happens here, not mid-run
+            tf.config.list_physical_devices()
+    return tf

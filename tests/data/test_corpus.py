@@ -78,3 +78,65 @@ def test_reservoir_sample_is_bounded_and_reproducible(tmp_path):
     first = reader.sample_lines(50, seed=1)
     assert len(first) == 50 and len(set(first)) == 50
     assert CorpusReader([str(path)], CorpusConfig()).sample_lines(50, seed=1) == first
+
+
+# -- files that are not what their names say, through the command line ---------------------------------------
+FRENCH = ["Le château élève ses tours près de la rivière.", "Où êtes-vous allés cet été ?",
+          "La forêt était très calme à l'aube.", "Nous avons mangé des crêpes à Noël."] * 20
+
+
+def vocab_cli(inputs, out, *extra):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", "vocab", "--input", *map(str, inputs),
+                           "--output_dir", str(out), "--vocab_size", "400", "--num_unused_tokens", "0", *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_compression_is_recognised_by_content_and_what_is_not_text_is_refused(tmp_path):
+    import bz2
+    import io
+    import shutil
+    import tarfile
+
+    upper = tmp_path / "CORPUS.TXT.GZ"
+    upper.write_bytes(gzip.compress(b"a gzip file with an upper-case name.\n"))
+    misnamed = tmp_path / "plain.txt"
+    misnamed.write_bytes(bz2.compress(b"bzip2 content in a .txt file.\n"))
+    docs, stats = read_docs([upper, misnamed])
+    assert docs == [["a gzip file with an upper-case name."], ["bzip2 content in a .txt file."]]
+    assert stats.undecodable_lines == 0
+
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        info = tarfile.TarInfo("inner.txt")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"hello\n"))
+    (tmp_path / "corpus.tar.gz").write_bytes(archive.getvalue())
+    shutil.copyfile(shutil.which("ls") or "/bin/ls", tmp_path / "ls")
+    (tmp_path / "french.txt").write_bytes("\n".join(FRENCH).encode("latin-1"))
+    for name, says in (("corpus.tar.gz", "is a tar archive: extract it (tar xf"), ("ls", "program (ELF binary)"),
+                       ("french.txt", "are not valid utf-8 text. If it is text in another encoding, say which with "
+                                      "--encoding")):
+        done = vocab_cli([tmp_path / name], tmp_path / "out")
+        assert done.returncode == 2, done.stderr
+        assert f"Corpus file {tmp_path / name}" in done.stderr and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+    # Told the encoding, the accents survive (do_lower_case strips them later only if asked).
+    docs, stats = read_docs([tmp_path / "french.txt"], encoding="latin-1")
+    assert docs[0][:2] == FRENCH[:2] and stats.undecodable_lines == 0
+    done = vocab_cli([tmp_path / "french.txt"], tmp_path / "out", "--encoding", "latin-1", "--do_lower_case=false")
+    assert done.returncode == 0, done.stderr
+    assert "château" in (tmp_path / "out" / "vocab.txt").read_text(encoding="utf-8")
+
+
+def test_a_damaged_gzip_names_the_file_and_the_line(tmp_path):
+    lines = [f"line number {i} of a compressed corpus with some words." for i in range(5000)]
+    packed = gzip.compress("\n".join(lines).encode())
+    damaged = tmp_path / "damaged.txt.gz"
+    damaged.write_bytes(packed[: len(packed) // 2])
+    done = vocab_cli([damaged], tmp_path / "out")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"Corpus file {damaged} is damaged after line " in done.stderr

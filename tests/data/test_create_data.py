@@ -49,7 +49,7 @@ def originals(batch):
 @pytest.fixture(scope="module")
 def english(tmp_path_factory):
     root = tmp_path_factory.mktemp("english")
-    vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=8000, vocab_file=str(root / "vocab.txt")))
+    vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=8000, output_dir=str(root)))
     config = Config.load(input=[str(WIKITEXT), str(BERT_SAMPLE)], vocab_file=vocab.path, output_dir=str(root / "data"),
                          split_sentences=True, do_whole_word_mask=True, dupe_factor=3, eval_fraction=0.02)
     manifest = create_pretraining_data(config)
@@ -138,13 +138,13 @@ def test_next_sentence_share_matches_the_original_algorithm(english):
 def test_documents_of_many_sentences_give_a_share_near_half(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(BERT_SAMPLE.read_text().splitlines() * 3) + "\n")
-    build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=6000, vocab_file=str(tmp_path / "v.txt"),
-                            vocab_sample_lines=2000))
-    config = Config.load(input=[str(corpus)], vocab_file=str(tmp_path / "v.txt"), output_dir=str(tmp_path / "d"),
+    vocab = build_vocab(Config.load(input=[str(WIKITEXT)], vocab_size=6000, output_dir=str(tmp_path),
+                                    vocab_sample_lines=2000)).path
+    config = Config.load(input=[str(corpus)], vocab_file=vocab, output_dir=str(tmp_path / "d"),
                          dupe_factor=100, eval_fraction=0)
     create_pretraining_data(config)
     share = read_shards(tmp_path / "d")["next_sentence_labels"].mean()
-    expected = _reference_share(config, str(tmp_path / "v.txt"), 100)
+    expected = _reference_share(config, vocab, 100)
     assert abs(share - expected) < 0.05 and 0.45 < share < 0.65, (share, expected)
 
 
@@ -161,7 +161,7 @@ def test_chinese_whole_word_masking_masks_every_character_of_a_jieba_word(tmp_pa
     corpus = tmp_path / "zh.txt"
     corpus.write_text("\n\n".join("\n".join(sentences[i:i + 4]) for i in range(0, 8000, 4)) + "\n", encoding="utf-8")
     vocab = build_vocab(Config.load(input=[str(ZH_FORTUNES)], doc_separator="%", vocab_size=21128,
-                                    vocab_file=str(tmp_path / "vocab.txt")))
+                                    output_dir=str(tmp_path)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(tmp_path / "d"),
                                         chinese_whole_word=True, dupe_factor=1, eval_fraction=0))
     # Word boundaries as jieba gives them for each sentence, laid end to end in corpus order.
@@ -219,7 +219,7 @@ def small_vocab(tmp_path_factory):
     from tpu_pretrain.data.sample_corpus import write_sample_corpus
 
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=300_000)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=4000, vocab_file=str(root / "vocab.txt")))
+    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=4000, output_dir=str(root)))
     return corpus, vocab.path
 
 
@@ -349,3 +349,87 @@ def test_summary_warns_when_next_sentence_prediction_degenerates():
     shards[0].random_next = 52
     assert "warning" not in Manifest(settings={}, vocab_size=10, vocab_sha256="", inputs=[], corpus_report="",
                                      shards=shards).summary()
+
+
+# -- what a user gets wrong, through the command line -----------------------------------------------------
+def create_data_cli(*args, **popen):
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", "create-data", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, **popen)
+
+
+def test_degenerate_next_sentence_data_is_warned_with_the_fix(small_vocab, tmp_path):
+    corpus, vocab = small_vocab
+    text = corpus.read_text()
+    one_document = tmp_path / "no_blank_lines.txt"
+    one_document.write_text("\n".join(line for line in text.splitlines() if line.strip()) + "\n")
+    shape = ("--dupe_factor", "1", "--max_seq_length", "64", "--max_predictions_per_seq", "10")
+    done = create_data_cli("--input", one_document, "--vocab_file", vocab, "--output_dir", tmp_path / "a", *shape)
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "warning: only 0% of instances have a random next segment" in out, out
+    assert "Separate documents with blank lines" in out and "warning: no eval shard: 1 document(s)" in out
+    few = tmp_path / "few_documents.txt"
+    few.write_text("\n\n".join(text.split("\n\n")[:12]) + "\n")
+    done = create_data_cli("--input", few, "--vocab_file", vocab, "--output_dir", tmp_path / "b", "--num_shards", "40",
+                           *shape)
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "instances have a random next segment" in out and "fewer --num_shards" in out
+    done = create_data_cli("--input", corpus, "--vocab_file", vocab, "--output_dir", tmp_path / "c", *shape)
+    assert done.returncode == 0 and "warning" not in done.stdout  # a healthy corpus: no warning
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """Mount a small tmpfs (root only; the test skips elsewhere); unmounted at the end."""
+    mounted = []
+
+    def mount(name, size="4m", read_only=False):
+        path = tmp_path / name
+        path.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+        if result.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)])
+
+
+def test_an_output_that_is_a_file_read_only_or_full_is_a_message(small_vocab, tmp_path, mount_tmpfs):
+    corpus, vocab = small_vocab
+    (tmp_path / "out.txt").write_text("mine")
+    done = create_data_cli("--input", corpus, "--vocab_file", vocab, "--output_dir", tmp_path / "out.txt")
+    assert done.returncode == 2 and "output_dir" in done.stderr and "is a file, not a folder" in done.stderr
+    assert (tmp_path / "out.txt").read_text() == "mine"
+    read_only = mount_tmpfs("read_only", read_only=True)
+    started = time.time()
+    done = create_data_cli("--input", corpus, "--vocab_file", vocab, "--output_dir", read_only / "data")
+    assert done.returncode == 2 and "is not writable (Read-only file system" in done.stderr, done.stderr
+    assert time.time() - started < 30  # before the slow work, not after it
+    full = mount_tmpfs("full", size="400k")
+    done = create_data_cli("--input", corpus, "--vocab_file", vocab, "--output_dir", full / "data",
+                           "--dupe_factor", "5", "--workers", "1")
+    assert done.returncode == 2 and f"The disk under {full / 'data'} is full" in done.stderr, done.stderr[-2000:]
+    assert "run the same command again" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_stops_with_a_message_and_no_traceback(small_vocab, tmp_path):
+    corpus, vocab = small_vocab
+    big = tmp_path / "big.txt"
+    big.write_text(corpus.read_text() * 12)
+    out = tmp_path / "d"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpu_pretrain", "create-data", "--input", str(big), "--vocab_file", vocab,
+         "--output_dir", str(out), "--dupe_factor", "5", "--workers", "2", "--num_shards", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / ".work" / "partition.json").exists():
+        time.sleep(0.01)
+    time.sleep(0.5)  # the workers are writing shards
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the parent and its workers
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    assert "interrupted" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert not (out / "manifest.json").exists()

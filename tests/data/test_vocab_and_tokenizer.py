@@ -16,7 +16,7 @@ from tpu_pretrain.errors import UserInputError
 def english_vocab(tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab_en")
     result = build_vocab(Config.load(input=[str(WIKITEXT), str(BERT_SAMPLE)], vocab_size=8000,
-                                     vocab_file=str(out / "vocab.txt"), vocab_sample_lines=3000))
+                                     output_dir=str(out), vocab_sample_lines=3000))
     return result
 
 
@@ -24,7 +24,7 @@ def english_vocab(tmp_path_factory):
 def chinese_vocab(tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab_zh")
     return build_vocab(Config.load(input=[str(ZH_FORTUNES)], doc_separator="%", vocab_size=21128,
-                                   vocab_file=str(out / "vocab.txt")))
+                                   output_dir=str(out)))
 
 
 @needs_corpora
@@ -115,4 +115,47 @@ def test_too_small_vocab_says_what_size_is_needed(tmp_path):
     corpus.write_text("".join(chr(0x4E00 + i) * 2 + "\n" for i in range(400)))
     with pytest.raises(UserInputError, match=r"vocab_size=300 is too small.*raise vocab_size to at least"):
         build_vocab(Config.load(input=[str(corpus)], vocab_size=300, num_unused_tokens=10,
-                                vocab_file=str(tmp_path / "v.txt")))
+                                output_dir=str(tmp_path)))
+
+
+def vocab_cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", "vocab", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_vocab_goes_to_the_output_folder_and_never_overwrites_a_file(tmp_path):
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+
+    corpus = write_sample_corpus(tmp_path / "corpus.txt", max_chars=30_000)
+    released = tmp_path / "released" / "vocab.txt"
+    released.parent.mkdir()
+    released.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nreleased\n")
+    args = ("--input", corpus, "--vocab_size", "800", "--num_unused_tokens", "5")
+    done = vocab_cli(*args, "--output_dir", released.parent)
+    assert done.returncode == 2 and f"{released} already exists and was left alone" in done.stderr
+    assert "--overwrite" in done.stderr and released.read_text().endswith("released\n")
+    done = vocab_cli(*args, "--output_dir", released.parent, "--vocab_file", released)
+    assert done.returncode == 2 and "vocab_file is a setting of create-data, train, not of vocab" in done.stderr
+    assert released.read_text().endswith("released\n")
+    done = vocab_cli(*args, "--output_dir", tmp_path / "new")
+    assert done.returncode == 0 and len(load_vocab(tmp_path / "new" / "vocab.txt")) == 800
+    done = vocab_cli(*args, "--output_dir", released.parent, "--overwrite")
+    assert done.returncode == 0 and len(load_vocab(released)) == 800
+    (tmp_path / "a_file").write_text("x")
+    done = vocab_cli(*args, "--output_dir", tmp_path / "a_file")
+    assert done.returncode == 2 and "is a file, not a folder" in done.stderr
+
+
+def test_a_vocab_size_the_corpus_cannot_fill_is_reported(tmp_path):
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+
+    corpus = write_sample_corpus(tmp_path / "corpus.txt", max_chars=20_000)
+    done = vocab_cli("--input", corpus, "--vocab_size", "20000", "--output_dir", tmp_path)
+    assert done.returncode == 0, done.stderr
+    padding = sum(t.startswith("[unused") for t in load_vocab(tmp_path / "vocab.txt")) - 100
+    assert padding > 15000
+    assert f"so {padding} of the 20000 tokens are extra [unusedN] placeholders" in " ".join(done.stdout.split())
+    assert f"Use --vocab_size {20000 - padding} (or less)" in done.stdout

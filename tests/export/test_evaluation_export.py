@@ -48,7 +48,7 @@ def run(tmp_path_factory):
     with open(WIKITEXT, encoding="utf-8") as handle:
         corpus.write_text(handle.read(300_000), encoding="utf-8")
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=2000, num_unused_tokens=10,
-                                    vocab_file=str(root / "vocab.txt")))
+                                    output_dir=str(root)))
     create_pretraining_data(Config.load(
         input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"), max_seq_length=SEQ,
         max_predictions_per_seq=PRED, dupe_factor=1, eval_fraction=0.1, split_sentences=True,
@@ -191,6 +191,53 @@ def test_runs_without_weights_are_refused(tmp_path):
         export(BERT_SAMPLE.parent, "hf")
 
 
+def cli(*args, timeout=300):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@needs_corpora
+def test_export_never_deletes_what_it_did_not_write(run, trained, tmp_path):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "shard.tfrecord").write_bytes(b"precious")
+    (tmp_path / "model.bin").write_bytes(b"a file")
+    run_files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file())
+    for output, says in ((project, "holds files, and is not an earlier export of tpu-pretrain (data/shard.tfrecord)"),
+                         (tmp_path / "model.bin", "is a file; an export is a folder"), (run, "Nothing was written")):
+        done = cli("export", str(run), "--output", str(output))
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert (project / "data" / "shard.tfrecord").read_bytes() == b"precious"
+    assert (tmp_path / "model.bin").read_bytes() == b"a file"
+    assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()) == run_files
+    # An earlier export of this tool is replaced whole; once the user adds a file of their own, it is not.
+    first = export(run, "hf", tmp_path / "hf", trained=trained)
+    assert (first / ".tpu_pretrain_export.json").is_file()
+    again = export(run, "tf", tmp_path / "hf", trained=trained)
+    assert (again / "bert_model.ckpt.index").is_file() and not (again / "model.safetensors").exists()
+    (again / "README.md").write_text("my model card")
+    with pytest.raises(UserInputError, match=r"files this tool did not write \(README.md\)"):
+        export(run, "hf", tmp_path / "hf", trained=trained)
+    assert (again / "README.md").read_text() == "my model card" and (again / "bert_model.ckpt.index").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.")]  # no temporary folder left
+
+
+@needs_corpora
+def test_evaluate_and_export_messages_point_the_right_way(run, tmp_path):
+    done = cli("evaluate", str(run), "--checkpoint", "nonsense")
+    assert done.returncode == 2 and "--checkpoint nonsense: no such step" in done.stderr
+    assert "this run holds steps 40, 20" in done.stderr and "init_checkpoint" not in done.stderr
+    done = cli("export", str(tmp_path / "no_such_run"))
+    assert done.returncode == 2 and "does not exist" in done.stderr and "--output" not in done.stderr
+    (tmp_path / "results").mkdir()
+    done = cli("evaluate", str(run), "--output", str(tmp_path / "results"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert json.loads((tmp_path / "results" / "evaluation.json").read_text())["step"] == STEPS
+
+
 # -- export: Hugging Face ---------------------------------------------------------------------------
 @needs_corpora
 def test_huggingface_export_matches_our_model(run, trained):
@@ -249,7 +296,8 @@ def test_tf_export_loads_in_bert4keras_with_google_names(run, trained):
     from bert4keras.models import build_transformer_model
 
     folder = export(run, "tf", trained=trained)
-    assert sorted(p.name for p in folder.iterdir()) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
+    assert sorted(p.name for p in folder.iterdir()) == [".tpu_pretrain_export.json", "bert_config.json",
+                                                        "bert_model.ckpt.data-00000-of-00001",
                                                         "bert_model.ckpt.index", "checkpoint", "vocab.txt"]
     names = dict(tf.train.list_variables(str(folder / "bert_model.ckpt")))
     assert names["bert/encoder/layer_1/attention/self/query/kernel"] == [128, 128]

@@ -18,7 +18,7 @@ def test_a_fetched_run_without_its_data_folder_evaluates_and_exports(tmp_path):
     old_machine = tmp_path / "old_machine"
     corpus = write_sample_corpus(old_machine / "corpus.txt", max_chars=40_000)
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1200, num_unused_tokens=5,
-                                    vocab_file=str(old_machine / "vocab.txt")))
+                                    output_dir=str(old_machine)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, workers=1,
                                         output_dir=str(old_machine / "data"), max_seq_length=64,
                                         max_predictions_per_seq=10, dupe_factor=1))

@@ -362,3 +362,66 @@ def test_corrupted_object_fails_a_ranged_download_without_a_partial_file(bucket,
     result = transfer(f"gs://{bucket}/c/ckpt.data", str(tmp_path / "out" / "ckpt.data"), options)
     assert not result.ok and "crc32c" in result.text()
     assert not (tmp_path / "out" / "ckpt.data").exists() and not list((tmp_path / "out").glob("*tmp*"))
+
+
+# -- locations and a machine without a network, through the command line --------------------------------
+def cli(*args, cwd=None, env=None, timeout=120):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout)
+
+
+def test_unsupported_locations_are_refused_not_made_local_folders(tmp_path):
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d1" / "a.txt").write_text("data")
+    for args, says in [(["upload", "d1", "gs:/bucket/x"], "Did you mean gs://bucket/x?"),
+                       (["upload", "d1", "s3://bucket/x"], "'s3:' is not a supported location"),
+                       (["download", "http://example.com/x", "d2"], "'http:' is not a supported location"),
+                       (["train", "--mirror_dir", "gs:/bucket/run", "--output_dir", "run"], "mirror_dir"),
+                       (["train", "--mirror_dir", "s3://bucket/run", "--output_dir", "run"], "gs://BUCKET/PATH")]:
+        done = cli(*args, cwd=tmp_path)
+        assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["d1"]  # no folder called gs:, s3: or http:
+
+
+def offline_key(tmp_path) -> tuple[Path, str]:
+    """A well-formed service-account key whose token endpoint is a closed port on loopback (no network)."""
+    import socket
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}/token"
+    key = tmp_path / "key.json"
+    key.write_text(json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "k", "private_key": pem,
+                               "client_email": "trainer@p.iam.gserviceaccount.com", "client_id": "1",
+                               "token_uri": endpoint}))
+    return key, endpoint
+
+
+def test_without_a_network_every_command_fails_at_once_in_one_line(tmp_path):
+    import time
+
+    key, endpoint = offline_key(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+    env["GOOGLE_APPLICATION_CREDENTIALS"] = str(key)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d1" / "a.txt").write_text("data")
+    for args in (["storage-check", "gs://tpu-pretrain-test"], ["upload", "d1", "gs://tpu-pretrain-test/x"],
+                 ["download", "gs://tpu-pretrain-test/x", "d2"]):
+        started = time.monotonic()
+        done = cli(*args, cwd=tmp_path, env=env)
+        seconds = time.monotonic() - started
+        assert done.returncode == 2 and seconds < 30, (args, seconds, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and not done.stdout.strip(), done.stderr
+        assert f"Cannot get an access token for service account trainer@p.iam.gserviceaccount.com from {endpoint}" \
+            in done.stderr and "Connection refused" in done.stderr
+        assert "Retrying" not in done.stderr
+    assert not (tmp_path / "d2").exists()

@@ -11,7 +11,13 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf  # isort: skip
 
 from tpu_pretrain.storage import auth
-from tpu_pretrain.train.checkpoints import CheckpointError, CheckpointManager, find_checkpoint, verify
+from tpu_pretrain.train.checkpoints import (
+    CheckpointError,
+    CheckpointManager,
+    DamagedCheckpointsError,
+    find_checkpoint,
+    verify,
+)
 from tpu_pretrain.train.mirror import CheckpointMirror, fetch_run
 from tpu_pretrain.train.run_folder import RunFolder
 
@@ -67,13 +73,37 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, c
         data.write_bytes(data.read_bytes()[:100])
     else:
         data.unlink()
+    damaged_files = sorted(p.name for p in (tmp_path / "checkpoints" / "ckpt-000000002").iterdir())
     model2, _, checkpoint2 = make_state(seed=3)
     info = CheckpointManager(tmp_path / "checkpoints", checkpoint2).restore_latest()
     assert info.step == 1
-    assert "Skipping checkpoint" in caplog.text and "ckpt-000000002" in caplog.text
+    assert "ckpt-000000002 is damaged" in caplog.text and "checkpoints/damaged/ckpt-000000002" in caplog.text
     for a, b in zip(first, weights(model2), strict=True):
         np.testing.assert_array_equal(a, b)
     assert find_checkpoint(tmp_path / "checkpoints").step == 1
+    # Set aside, not deleted: a later save of step 2 cannot overwrite it, and pruning never sees it.
+    kept = tmp_path / "checkpoints" / "damaged" / "ckpt-000000002"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(damaged_files + ["DAMAGED.txt"])
+    assert ("is missing" if damage == "delete" else "has 100 bytes") in (kept / "DAMAGED.txt").read_text()
+
+
+def test_when_every_checkpoint_is_damaged_nothing_is_touched_until_asked(tmp_path):
+    model, optimizer, checkpoint = make_state()
+    manager = CheckpointManager(tmp_path / "checkpoints", checkpoint)
+    for step in (1, 2):
+        train_a_step(model, optimizer)
+        manager.save(step)
+    for data in (tmp_path / "checkpoints").glob("ckpt-*/state.data-*"):
+        data.write_bytes(b"\0" * data.stat().st_size)  # same size, other bytes: only the CRC32C tells
+    before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()}
+    _, _, fresh = make_state(seed=4)
+    with pytest.raises(DamagedCheckpointsError, match=r"Every checkpoint .*ckpt-000000002: .*CRC32C.*"
+                                                      r"--set_aside_damaged_checkpoints"):
+        CheckpointManager(tmp_path / "checkpoints", fresh).restore_latest()
+    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before
+    assert CheckpointManager(tmp_path / "checkpoints", fresh).restore_latest(set_aside_damaged=True) is None
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "damaged").iterdir()) == [
+        "ckpt-000000001", "ckpt-000000002"]
 
 
 def test_an_interrupted_write_leaves_no_visible_checkpoint(tmp_path):

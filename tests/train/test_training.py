@@ -254,7 +254,7 @@ def test_real_text_mlm_accuracy_rises(tmp_path):
 
     vocab = str(tmp_path / "vocab.txt")
     build_vocab(Config.from_kwargs(input=[corpus], vocab_size=2000, num_unused_tokens=10,
-                                   vocab_sample_lines=20000, vocab_file=vocab))
+                                   vocab_sample_lines=20000, output_dir=str(tmp_path)))
     create_pretraining_data(Config.from_kwargs(
         input=[corpus], vocab_file=vocab, output_dir=str(tmp_path / "data"), max_seq_length=64,
         max_predictions_per_seq=10, dupe_factor=2, eval_fraction=0.05, workers=1))

@@ -2,15 +2,14 @@
 
 Input follows the original BERT scripts: one sentence (or paragraph) per line, a blank line between
 documents; a configurable separator line (e.g. ``%``) also ends a document. Files are streamed line
-by line, never loaded whole, so corpus size does not bound memory. Problems in the input (undecodable
-bytes, over-long lines, empty files) are counted and reported with their location, never fatal.
+by line, never loaded whole, so corpus size does not bound memory. Small problems in the input (a few
+undecodable bytes, over-long lines, empty files) are counted and reported with their location; a file
+that is not text at all is refused before the work starts (:mod:`.corpus_files`).
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
-import io
 import logging
 import os
 import re
@@ -22,11 +21,13 @@ from pathlib import Path
 
 from ..config import CorpusConfig
 from ..errors import UserInputError
+from .corpus_files import DAMAGED_STREAM, check_text_file, open_corpus_file, read_error
 
 log = logging.getLogger(__name__)
 
-CORPUS_SUFFIXES = (".txt", ".gz", ".text")
+CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz")
 _EXAMPLES_KEPT = 5
+_SKIP = object()  # a line that is dropped without ending a document
 
 # ANSI/VT100 escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ESC sequences).
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -70,7 +71,8 @@ class CorpusStats:
             counts += [f"{self.documents} documents", f"{self.sentences} sentences"]
         parts = [", ".join(counts + [f"{self.characters} characters"])]
         for label, count, kind in (
-            ("lines with undecodable bytes (bad bytes dropped)", self.undecodable_lines, "undecodable"),
+            ("lines with undecodable bytes (bad bytes dropped; is --encoding right?)", self.undecodable_lines,
+             "undecodable"),
             ("over-long lines dropped", self.too_long_lines, "too_long"),
             ("duplicate lines dropped", self.duplicate_lines, "duplicate"),
         ):
@@ -92,7 +94,7 @@ def expand_inputs(inputs: Iterable[str]) -> list[str]:
                 str(p) for p in Path(item).rglob("*") if p.is_file() and p.name.lower().endswith(CORPUS_SUFFIXES)
             )
             if not found:
-                raise UserInputError(f"Corpus folder '{item}' holds no .txt or .gz files.")
+                raise UserInputError(f"Corpus folder '{item}' holds no {', '.join(CORPUS_SUFFIXES)} files.")
             files.extend(found)
         elif glob.has_magic(item):
             found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
@@ -106,12 +108,6 @@ def expand_inputs(inputs: Iterable[str]) -> list[str]:
     if not files:
         raise UserInputError("No corpus input given: pass one or more files, globs or folders with --input.")
     return list(dict.fromkeys(files))  # keep order, drop repeats
-
-
-def open_binary(path: str) -> io.BufferedIOBase:
-    if path.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
 
 
 class TextNormalizer:
@@ -188,6 +184,8 @@ class CorpusReader:
 
     def __init__(self, inputs: Iterable[str], config: CorpusConfig, do_lower_case: bool = False):
         self.files = expand_inputs(inputs)
+        for path in self.files:
+            check_text_file(path, config.encoding)
         self.config = config
         self.normalize = TextNormalizer(config, do_lower_case)
         self.stats = CorpusStats()
@@ -195,44 +193,51 @@ class CorpusReader:
 
     def lines(self) -> Iterator[str | None]:
         """Normalised lines; ``None`` marks a document boundary."""
-        cfg, stats = self.config, self.stats
-        separator = cfg.doc_separator.strip()
         for path in self.files:
-            stats.files += 1
-            got_any = False
-            with open_binary(path) as handle:
-                for number, raw in enumerate(handle, 1):
-                    stats.lines += 1
-                    stats.input_bytes += len(raw)
-                    got_any = True
-                    try:
-                        text = raw.decode("utf-8")
-                    except UnicodeDecodeError:
-                        text = raw.decode("utf-8", errors="ignore")
-                        stats.undecodable_lines += 1
-                        stats.note("undecodable", f"{path}:{number}")
-                    if len(text) > cfg.max_line_length:
-                        stats.too_long_lines += 1
-                        stats.note("too_long", f"{path}:{number}")
-                        continue
-                    stripped = text.strip()
-                    if not stripped or (separator and stripped == separator):
-                        yield None
-                        continue
-                    line = self.normalize(stripped)
-                    if not line:
-                        continue  # nothing left after normalisation: not a document boundary
-                    if self._seen is not None:
-                        key = hash(line)  # 64-bit: a collision among distinct lines is negligible
-                        if key in self._seen:
-                            stats.duplicate_lines += 1
-                            stats.note("duplicate", f"{path}:{number}")
-                            continue
-                        self._seen.add(key)
-                    yield line
-            if not got_any:
-                stats.empty_files.append(path)
+            self.stats.files += 1
+            number = 0
+            try:
+                with open_corpus_file(path) as handle:
+                    for number, raw in enumerate(handle, 1):
+                        line = self._line(raw, path, number)
+                        if line is not _SKIP:
+                            yield line
+            except DAMAGED_STREAM as exc:
+                raise read_error(path, exc, f"after line {number}") from None
+            if not number:
+                self.stats.empty_files.append(path)
             yield None  # a file always ends a document
+
+    def _line(self, raw: bytes, path: str, number: int):
+        """One raw line counted, decoded, checked, normalised: the line, ``None`` (a boundary) or ``_SKIP``."""
+        cfg, stats = self.config, self.stats
+        stats.lines += 1
+        stats.input_bytes += len(raw)
+        try:
+            text = raw.decode(cfg.encoding)
+        except UnicodeDecodeError:
+            text = raw.decode(cfg.encoding, errors="ignore")
+            stats.undecodable_lines += 1
+            stats.note("undecodable", f"{path}:{number}")
+        if len(text) > cfg.max_line_length:
+            stats.too_long_lines += 1
+            stats.note("too_long", f"{path}:{number}")
+            return _SKIP
+        stripped = text.strip()
+        separator = cfg.doc_separator.strip()
+        if not stripped or (separator and stripped == separator):
+            return None
+        line = self.normalize(stripped)
+        if not line:
+            return _SKIP  # nothing left after normalisation: not a document boundary
+        if self._seen is not None:
+            key = hash(line)  # 64-bit: a collision among distinct lines is negligible
+            if key in self._seen:
+                stats.duplicate_lines += 1
+                stats.note("duplicate", f"{path}:{number}")
+                return _SKIP
+            self._seen.add(key)
+        return line
 
     def documents(self) -> Iterator[list[str]]:
         """Documents as lists of sentences, in corpus order."""

@@ -16,12 +16,15 @@ and redoes partial ones; an output folder made with other settings is refused, n
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import multiprocessing
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ..config import DATA, Config, pinned_settings
 from ..errors import UserInputError
+from ..storage.local import check_writable_folder
 from .corpus import CorpusReader
 from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats
 from .shard import ShardTask, read_json, shard_complete, worker_init, write_json, write_shard
@@ -42,14 +46,26 @@ SHARD_TARGET_BYTES = 16 << 20
 # -- orchestration ----------------------------------------------------------------------------------
 def create_pretraining_data(config: Config) -> Manifest:
     """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
-    start = time.time()
     config.validate()
-    d, c = config.data, config.corpus
     if not config.storage.output_dir:
         raise UserInputError("Setting output_dir is empty: say where the shards go with --output_dir.")
-    if not d.vocab_file:
+    if not config.data.vocab_file:
         raise UserInputError("Setting vocab_file is empty: pass a vocab.txt (or build one with `tpu-pretrain vocab`).")
-    out = Path(config.storage.output_dir)
+    out = check_writable_folder(config.storage.output_dir)
+    try:
+        return _create(config, out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserInputError(
+            f"The disk under {out} is full ({exc.strerror}{': ' + str(exc.filename) if exc.filename else ''}). "
+            "Free space and run the same command again: complete shards are kept and only the rest is written."
+        ) from None
+
+
+def _create(config: Config, out: Path) -> Manifest:
+    start = time.time()
+    d, c = config.data, config.corpus
     vocab = load_vocab(d.vocab_file)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
@@ -95,13 +111,27 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int) -> dict[str, 
         if workers == 1:
             written = map(write_shard, pending)
         else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-                workers, initializer=worker_init, initargs=(workers,)))
+            with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
+                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+                    workers, initializer=worker_init, initargs=(workers,)))
             written = pool.imap_unordered(write_shard, pending)
         for stats in written:
             shards[stats.file] = stats
             bar.update()
     return shards
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored():
+    """SIGINT ignored while worker processes start (they keep that; this process handles Ctrl-C and stops them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def auto_num_shards(corpus_bytes: int) -> int:

@@ -10,6 +10,7 @@ evaluation and the notebooks ask it rather than reading the files themselves.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -112,14 +113,34 @@ class Manifest:
             )
         lines.append(f"corpus: {self.corpus_report}")
         lines.append(f"time: {self.seconds:.1f} s")
-        train = self.totals(TRAIN)
-        if not self.settings.get("no_nsp") and train["random_next"] > 0.7 * max(train["instances"], 1):
-            lines.append(
-                f"warning: {train['random_next'] / train['instances']:.0%} of instances have a random next segment "
-                "(about 50% is the aim): most documents hold one sentence, so next-sentence prediction learns "
-                "little. Use --split_sentences for a paragraph-per-line corpus, blank lines or --doc_separator "
-                "between documents, or --no_nsp.")
+        lines += [f"warning: {w}" for w in self.warnings()]
         return "\n".join(lines)
+
+    def warnings(self) -> list[str]:
+        """What makes this data worse than its settings promise, each with the fix."""
+        train, found = self.totals(TRAIN), []
+        instances, documents, shards = train["instances"], train["documents"], len(self.files(TRAIN))
+        doc_fix = "separate documents with blank lines (or --doc_separator lines)"
+        if not instances:
+            found.append(f"no training instances (from {documents} documents): train refuses this data. "
+                         "Give more text, or lower --max_seq_length.")
+        nsp = not self.settings.get("no_nsp") and instances
+        if nsp and train["random_next"] > 0.7 * instances:
+            found.append(
+                f"{train['random_next'] / instances:.0%} of instances have a random next segment (about 50% is "
+                "the aim): most documents hold one sentence, so next-sentence prediction learns little. Use "
+                "--split_sentences for a paragraph-per-line corpus, blank lines or --doc_separator between "
+                "documents, or --no_nsp.")
+        elif nsp and train["random_next"] < 0.3 * instances:
+            found.append(
+                f"only {train['random_next'] / instances:.0%} of instances have a random next segment (about 50% "
+                f"is the aim): a random next segment comes from another document of the same shard, and the "
+                f"{shards} shard(s) hold {documents} document(s). {doc_fix.capitalize()}, use fewer --num_shards "
+                "than documents, or --no_nsp.")
+        if self.settings.get("eval_fraction") and not self.files(EVAL):
+            found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
+                         f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")
+        return found
 
 
 def read_manifest(data_dir: str | os.PathLike) -> Manifest | None:
@@ -189,11 +210,33 @@ def _info_from_manifest(data_dir: str, manifest: Manifest) -> DataInfo:
     if missing:
         raise UserInputError(f"{os.path.join(data_dir, MANIFEST)} lists shards that are missing: "
                              f"{', '.join(missing[:3])}; copy the whole data folder or run create-data again.")
+    resized = [f"{s.file} ({os.path.getsize(os.path.join(data_dir, s.file))} bytes, the manifest says {s.bytes})"
+               for s in manifest.shards if s.bytes and os.path.getsize(os.path.join(data_dir, s.file)) != s.bytes]
+    if resized:
+        raise UserInputError(f"Shards in {data_dir} are truncated or were replaced: {'; '.join(resized[:3])}. Copy "
+                             "the data folder again, or run create-data again (it rewrites what does not match).")
     settings = manifest.settings
     return DataInfo(data_dir, train, evals, int(settings.get("max_seq_length") or 0),
                     int(settings.get("max_predictions_per_seq") or 0), manifest.vocab_size, manifest.vocab_sha256,
                     manifest.totals(TRAIN)["instances"], manifest.totals(EVAL)["instances"], settings,
                     [s.sha256 for s in manifest.shards if s.split == TRAIN])
+
+
+def damaged_shards(data_dir: str | os.PathLike) -> list[str]:
+    """The shards whose sha256 differs from the manifest's (a full read of every shard: for after a failure)."""
+    manifest = read_manifest(data_dir)
+    if manifest is None:
+        return []
+    return [s.file for s in manifest.shards if s.sha256 and sha256_file(Path(data_dir) / s.file) != s.sha256]
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """A shard's checksum as the manifest records it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def record_shapes(path: str) -> tuple[int, int]:

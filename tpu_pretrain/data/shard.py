@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..storage.local import write_text_atomic
-from .data_folder import ShardStats, shard_name, shard_stats_name
+from .data_folder import ShardStats, sha256_file, shard_name, shard_stats_name
 from .instances import InstanceSpec, RawInstance, Sentence, document_instances, mask_batch
 from .tfrecord import AtomicRecordWriter, encode_examples
 from .vocab import replacement_ids
@@ -219,10 +219,3 @@ def read_json(path: Path):
 def write_json(path: Path, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

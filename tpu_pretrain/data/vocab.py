@@ -83,21 +83,37 @@ class VocabResult:
     pieces: int
     unused: int
     corpus_report: str
+    padding: int = 0  # [unusedN] added because the sample yielded too few pieces for vocab_size
 
     def summary(self) -> str:
-        return (
+        text = (
             f"Wrote {self.path}: {self.vocab_size} tokens = 5 special + {self.unused} [unusedN] + "
             f"{self.characters} characters (plain and ##) + {self.pieces} SentencePiece pieces, "
             f"from a sample of {self.sample_lines} lines.\nCorpus: {self.corpus_report}"
         )
+        if self.padding:
+            text += (
+                f"\nwarning: the sample yielded only {self.pieces} pieces, so {self.padding} of the "
+                f"{self.vocab_size} tokens are extra [unusedN] placeholders the model will never see in this "
+                f"corpus. Use --vocab_size {self.vocab_size - self.padding} (or less), or give more text "
+                "(more --input, a larger --vocab_sample_lines)."
+            )
+        return text
 
 
-def build_vocab(config) -> VocabResult:
-    """Train SentencePiece on a sample of ``config.corpus.input`` and write a WordPiece vocab.txt."""
+def build_vocab(config, overwrite: bool = False) -> VocabResult:
+    """Train SentencePiece on a sample of ``config.corpus.input`` and write ``output_dir/vocab.txt``.
+
+    An existing vocab.txt (a released model's, say) is never replaced unless ``overwrite``.
+    """
+    from ..storage.local import check_writable_folder
     from .corpus import CorpusReader
 
     c, v, d = config.corpus, config.vocab, config.data
-    out = Path(d.vocab_file) if d.vocab_file else Path(config.storage.output_dir or ".") / "vocab.txt"
+    out = check_writable_folder(config.storage.output_dir or ".") / "vocab.txt"
+    if out.exists() and not overwrite:
+        raise UserInputError(f"{out} already exists and was left alone: choose another --output_dir, or pass "
+                             "--overwrite (Python: build_vocab(config, overwrite=True)) to replace it.")
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     sample = reader.sample_lines(v.vocab_sample_lines, d.random_seed)
     if not sample:
@@ -108,7 +124,8 @@ def build_vocab(config) -> VocabResult:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, "\n".join(tokens) + "\n")
     unused = sum(t.startswith("[unused") for t in tokens)
-    return VocabResult(str(out), len(tokens), len(sample), n_chars, n_pieces, unused, reader.stats.report())
+    return VocabResult(str(out), len(tokens), len(sample), n_chars, n_pieces, unused, reader.stats.report(),
+                       padding=unused - v.num_unused_tokens)
 
 
 def pretokenize(lines: list[str], do_lower_case: bool) -> list[list[str]]:

@@ -14,15 +14,16 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import tensorflow as tf
 
 from ..data.data_folder import read_data_info
 from ..errors import UserInputError
-from ..storage.local import write_text_atomic
+from ..storage.local import check_writable_folder, write_text_atomic
 from ..train.input import parse_batch
 from ..train.metrics import add_sums, metrics_from_sums, pretraining_stats
-from ..train.run_folder import RunFolder
+from ..train.run_folder import EVALUATION, RunFolder
 from .fill_mask import fill_mask, format_fill_mask
 from .rebuild import TrainedModel, load_trained_model
 
@@ -113,6 +114,9 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str | None = None, *, sente
     folder still gets its fill-mask predictions (the figures are skipped, saying so).
     """
     started = time.perf_counter()
+    if output is not None:  # checked before the slow work; a folder gets evaluation.json inside
+        output = Path(output) / EVALUATION if Path(output).is_dir() else Path(output)
+        check_writable_folder(output.parent, "--output")
     trained = trained or load_trained_model(run_dir, checkpoint)
     configured = trained.config.storage.data_dir if trained.config else None
     data_dir = data_dir or configured

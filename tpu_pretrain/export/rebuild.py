@@ -21,7 +21,7 @@ from ..config import Config
 from ..errors import UserInputError
 from ..jax_backend.state import is_jax_checkpoint, read_weights
 from ..train.bert_config import BertConfig, checkpoint_bert_config
-from ..train.checkpoints import CheckpointError, find_checkpoint
+from ..train.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
 from ..train.model import PretrainingModel, build_pretraining_model
 from ..train.run_folder import RunFolder, run_vocab_file
 from ..train.weight_names import HF_WEIGHT_FILES, tf_checkpoint_prefix
@@ -97,6 +97,17 @@ def restore_weights(pretraining: PretrainingModel, weights: str) -> tuple[str, l
     return prefix or str(weights), report.missing
 
 
+def _check_checkpoint_argument(run: RunFolder, checkpoint: str) -> None:
+    """Refuse a --checkpoint that names nothing, listing what the run holds."""
+    is_step = checkpoint.isdigit() and (run.checkpoints / checkpoint_name(int(checkpoint))).is_dir()
+    if is_step or Path(checkpoint).exists() or Path(checkpoint + ".index").is_file():
+        return
+    steps = [str(c.step) for c in list_checkpoints(run.checkpoints)]
+    held = f"this run holds steps {', '.join(steps)}" if steps else "this run holds no checkpoint yet"
+    raise UserInputError(f"--checkpoint {checkpoint}: no such step, folder or checkpoint ({held}). Give a step of the "
+                         "run, a checkpoint folder or prefix, or a Hugging Face folder.")
+
+
 def _build_float32(config: BertConfig, max_seq_length: int, max_predictions: int, with_nsp: bool):
     """Build in float32 whatever global mixed-precision policy training left behind."""
     policy = tf.keras.mixed_precision.global_policy()
@@ -122,6 +133,8 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
         config = run.read_config()
         bert_config = run.read_bert_config()
         step = None
+        if checkpoint:
+            _check_checkpoint_argument(run, str(checkpoint))
         if checkpoint and str(checkpoint).isdigit():  # a step number: that checkpoint of the run
             weights, step = latest_weights(source, int(checkpoint)) or (None, None)
         elif checkpoint:

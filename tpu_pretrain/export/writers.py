@@ -121,7 +121,7 @@ def write_huggingface(google: dict[str, np.ndarray], config: BertConfig, output_
             json.dumps(huggingface_config(config, architecture), indent=2) + "\n")
         write_tokenizer_files(folder, vocab_file, do_lower_case, config.max_position_embeddings)
 
-    return _write_folder(output_dir, write)
+    return _write_folder(output_dir, write, "hf")
 
 
 # -- Google's original TF checkpoint ------------------------------------------------------------------
@@ -159,22 +159,48 @@ def write_google_checkpoint(weights: dict[str, np.ndarray], config: BertConfig, 
         config.to_json_file(folder / "bert_config.json")
         shutil.copyfile(vocab_file, folder / "vocab.txt")
 
-    return _write_folder(output_dir, write)
+    return _write_folder(output_dir, write, "tf")
 
 
-def _write_folder(output_dir: str | os.PathLike, write) -> Path:
-    """Write into a sibling temporary folder, then swap it in: a reader never sees half an export."""
+EXPORT_RECORD = ".tpu_pretrain_export.json"  # the files an export wrote: only those may be replaced
+
+
+def check_export_destination(output_dir: str | os.PathLike) -> Path:
+    """Refuse a destination that is a file, remote, or a folder holding anything but an earlier export's files."""
     out = Path(output_dir)
     if "://" in str(output_dir):
         raise UserInputError(f"{output_dir}: export to a local folder, then `tpu-pretrain upload` it.")
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--output {out} is a file; an export is a folder. Choose a new or empty folder.")
+    if not out.is_dir():
+        return out
+    present = {p.relative_to(out).as_posix() for p in out.rglob("*") if not p.is_dir()}
+    try:
+        written = set(json.loads((out / EXPORT_RECORD).read_text())["files"]) | {EXPORT_RECORD}
+    except (OSError, ValueError, KeyError, TypeError):
+        written = set()
+    foreign = sorted(present - written)
+    if present and foreign:
+        kind = "files this tool did not write" if written else "files, and is not an earlier export of tpu-pretrain"
+        raise UserInputError(
+            f"--output {out} holds {kind} ({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}). "
+            "Nothing was written or deleted: choose a new or empty folder, or move those files away.")
+    return out
+
+
+def _write_folder(output_dir: str | os.PathLike, write, format: str) -> Path:
+    """Write into a sibling temporary folder, then swap it in: a reader never sees half an export, and only an
+    earlier export (every file listed in its record) is ever replaced."""
+    out = check_export_destination(output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         write(tmp)
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        (tmp / EXPORT_RECORD).write_text(json.dumps({"format": format, "files": files}, indent=2) + "\n")
         if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old)  # onto an empty folder of our own
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -194,10 +220,14 @@ def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.P
     """
     if format not in FORMATS:
         raise UserInputError(f"format={format!r}: choose hf (Hugging Face) or tf (Google's original checkpoint).")
+    if not os.path.exists(source) and not os.path.isfile(f"{source}.index"):
+        raise UserInputError(f"{source} does not exist: give a run folder (train's output_dir), a Hugging Face "
+                             "folder or a Google checkpoint prefix.")
     if output_dir is None:
         if not RunFolder(source).is_run():
             raise UserInputError(f"{source} is not a run folder: say where the export goes (--output).")
         output_dir = RunFolder(source).export_dir(format)
+    check_export_destination(output_dir)  # before the slow work
     jax_weights = None if trained else jax_run_checkpoint(source, checkpoint)
     if jax_weights is not None:
         return _export_jax_run(source, jax_weights, format, output_dir, heads)

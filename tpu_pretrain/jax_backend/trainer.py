@@ -25,7 +25,13 @@ from ..config import Config  # noqa: E402
 from ..data.data_folder import read_data_info  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..train.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
-from ..train.resolve import check_batch_split, eval_batch_size, resolve_config, run_bert_config  # noqa: E402
+from ..train.resolve import (  # noqa: E402
+    check_batch_split,
+    check_data_fills_a_batch,
+    eval_batch_size,
+    resolve_config,
+    run_bert_config,
+)
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
@@ -63,6 +69,7 @@ class JaxTrainer:
         self.data = read_data_info(config.storage.data_dir)
         self.config = config = resolve_config(config, self.data)
         t = config.train
+        check_data_fills_a_batch(t, self.data)
         if t.dynamic_masking:
             raise UserInputError("dynamic_masking is not offered by the JAX backend yet: use backend=tensorflow, or "
                                  "make the data with a larger dupe_factor.")
@@ -227,8 +234,17 @@ class JaxTrainer:
         """The rate of the last update (as tf-keras reports it)."""
         return float(opt.learning_rate(self.settings, max(self.step - 1, 0)))
 
+    @property
+    def precision(self) -> str:
+        return self.devices.precision
+
     def describe(self) -> str:
         return f"JAX (Keras 3), {self.devices.describe()}"
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and optimizer moment is finite (no NaN or Inf): what may be saved."""
+        leaves = self.state["params"] + self.state["slots"]["m"] + self.state["slots"]["v"]
+        return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
 
     # -- weights and checkpoints ------------------------------------------------------------------------
     def google_weights(self) -> dict[str, np.ndarray]:

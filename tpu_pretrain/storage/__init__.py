@@ -22,14 +22,14 @@ from .errors import (
     PermissionDeniedError,
     StorageError,
 )
-from .gcs import GcsBackend, GcsPath, is_gcs_url
+from .gcs import GcsBackend, GcsPath, check_location, is_gcs_url
 from .local import LocalBackend, atomic_open
 from .transfer import FileResult, TransferOptions, TransferSummary, transfer
 
 __all__ = [
     "ChecksumMismatchError", "FileResult", "GcsPath", "InsufficientSpaceError", "NotFoundError",
     "PermissionDeniedError", "StorageError", "TransferOptions", "TransferSummary", "atomic_open",
-    "copy", "delete", "ensure_free_space", "exists", "free_space", "is_dir", "is_gcs_url", "join",
+    "check_location", "copy", "delete", "ensure_free_space", "exists", "free_space", "is_dir", "is_gcs_url", "join",
     "list_files", "read_bytes", "read_text", "sync", "transfer", "write_bytes", "write_text",
 ]
 
@@ -40,10 +40,9 @@ _GCS = GcsBackend()
 
 def _backend(path: str | os.PathLike):
     path = os.fspath(path)
+    check_location(path)
     if is_gcs_url(path):
         return _GCS, path
-    if "://" in path:
-        raise StorageError(f"{path}: only local paths, Drive folders and gs:// URLs are supported.")
     drive.ensure_drive_ready(path)
     return _LOCAL, path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -128,6 +129,7 @@ def storage_client(workers: int = 16):
         from google.cloud import storage
 
         credentials, project = get_credentials()
+        _fetch_token(credentials)
         session = AuthorizedSession(credentials)
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=max(10, workers * 2))
         session.mount("https://", adapter)
@@ -136,6 +138,44 @@ def storage_client(workers: int = 16):
         _cached.update(client=client, key=key, workers=workers, credentials=credentials, session=session)
         log.debug("Cloud Storage client: %s", describe(credentials))
         return client
+
+
+def _fetch_token(credentials) -> None:
+    """Get an access token now, each try bounded: without a network or with a bad key, one clear error here
+    instead of every later call retrying for minutes."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.transport.requests import Request
+
+    if isinstance(credentials, AnonymousCredentials) or credentials.valid:
+        return
+    seconds = float(environment_override("TPU_PRETRAIN_GCS_RETRY_SECONDS", "30"))
+
+    class BoundedRequest(Request):
+        def __call__(self, *args, timeout=None, **kwargs):
+            return super().__call__(*args, timeout=min(timeout or seconds, seconds), **kwargs)
+
+    try:
+        credentials.refresh(BoundedRequest())  # google-auth itself tries a transient failure a few times
+    except Exception as exc:
+        raise StorageError(
+            f"Cannot get an access token for {describe(credentials)} from {_token_endpoint()} "
+            f"({_network_reason(exc)}). Is this machine online, is its clock right, and is the key valid? Nothing "
+            "was read or written.") from None
+
+
+def _network_reason(exc: Exception) -> str:
+    """The operating system's reason ("Connection refused", "Name or service not known") or the error's kind."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\"\])]+)", str(exc))
+    return f"{type(exc).__name__}: {found.group(1)}" if found else _kind_only(exc)
+
+
+def _token_endpoint() -> str:
+    """Where the credentials ask for tokens (the key file says; otherwise Google's endpoint)."""
+    key = environment_override(KEY_ENV)
+    try:
+        return json.loads(Path(key).read_text(encoding="utf-8"))["token_uri"] if key else "Google's token endpoint"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "Google's token endpoint"
 
 
 def current_credentials():

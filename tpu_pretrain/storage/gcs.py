@@ -26,6 +26,23 @@ def is_gcs_url(url: str | os.PathLike) -> bool:
     return isinstance(url, str) and url.startswith("gs://")
 
 
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")  # two letters or more: C:\ stays a Windows path
+
+
+def check_location(path: str | os.PathLike) -> None:
+    """Refuse a URL of another kind (s3://, http://) or a mistyped gs:// URL, which would become a local folder."""
+    text = os.fspath(path)
+    match = _SCHEME_RE.match(text)
+    if is_gcs_url(text) or match is None:
+        return
+    scheme = match.group(1)
+    hint = f" Did you mean gs://{text[match.end():].lstrip('/')}?" if scheme.lower() == "gs" else ""
+    raise StorageError(
+        f"{text}: '{scheme}:' is not a supported location. Use a local path, a mounted Drive folder "
+        f"(/content/drive/MyDrive/...) or a Cloud Storage URL gs://BUCKET/PATH (a local name with a colon: "
+        f"./{text}).{hint}")
+
+
 @dataclass(frozen=True)
 class GcsPath:
     bucket: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,29 @@ def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8
     """Write a small text file (a manifest, a config, a pointer) so that readers see the old or the new one."""
     with atomic_open(path) as f:
         f.write(text.encode(encoding))
+
+
+def check_writable_folder(path: str | os.PathLike, setting: str = "output_dir") -> Path:
+    """``path`` as a folder this step can write to (created later), or an error before any slow work starts:
+    it is a file, it lies under a file, or the place is read-only."""
+    if "://" in str(path):
+        raise StorageError(f"{setting} {path}: this step writes to a local (or mounted Drive) folder; write there, "
+                           "then `tpu-pretrain upload` it.")
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise StorageError(f"{setting} {folder} is a file, not a folder: choose a folder (it is created if missing).")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StorageError(f"{setting} {folder} cannot be created: {existing} is a file.")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise StorageError(f"{setting} {folder} is not writable ({exc.strerror or exc} in {existing}): choose a "
+                           "folder you can write to.") from None
+    return folder
 
 
 class LocalBackend:

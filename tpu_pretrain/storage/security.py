@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from . import auth, checksums
 from .errors import explain
-from .gcs import GcsPath
+from .gcs import GcsPath, retry
 
 PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 PROBE_NAME = ".tpu-pretrain-access-check-"
@@ -91,7 +91,7 @@ def _prefix(path: GcsPath) -> str:
 
 def _check_iam(bucket, report: StorageCheckReport) -> None:
     try:
-        policy = bucket.get_iam_policy(requested_policy_version=3)
+        policy = bucket.get_iam_policy(requested_policy_version=3, retry=retry())
     except Exception as exc:
         report.notes.append(
             "could not read the bucket's IAM policy (needs storage.buckets.getIamPolicy, which a "
@@ -107,7 +107,7 @@ def _check_iam(bucket, report: StorageCheckReport) -> None:
 
 def _check_bucket_settings(bucket, report: StorageCheckReport) -> None:
     try:
-        bucket.reload()
+        bucket.reload(retry=retry())
     except Exception:
         return  # needs storage.buckets.get; least-privilege accounts lack it
     config = bucket.iam_configuration
@@ -119,7 +119,7 @@ def _check_bucket_settings(bucket, report: StorageCheckReport) -> None:
                         "public, and IAM conditions (for per-prefix grants) need it on.")
     for what, acl in (("bucket ACL", bucket.acl), ("default object ACL", bucket.default_object_acl)):
         try:
-            acl.reload()
+            acl.reload(retry=retry())
             for entry in acl:
                 if entry.get("entity") in PUBLIC_MEMBERS:
                     report.public.append(f"{what}: {entry['entity']} is {entry['role']}")
@@ -130,7 +130,7 @@ def _check_bucket_settings(bucket, report: StorageCheckReport) -> None:
 def _check_list(client, path: GcsPath, report: StorageCheckReport):
     target = f"gs://{path.bucket}/{_prefix(path)}"
     try:
-        blobs = [b for b in client.list_blobs(path.bucket, prefix=_prefix(path), max_results=20)
+        blobs = [b for b in client.list_blobs(path.bucket, prefix=_prefix(path), max_results=20, retry=retry())
                  if not b.name.endswith("/") and PROBE_NAME not in b.name]
         report.access.append(AccessCheck("list", target, True))
         return blobs[0] if blobs else None
@@ -146,7 +146,8 @@ def _check_read(client, path: GcsPath, first, report: StorageCheckReport) -> Non
         return
     target = f"gs://{path.bucket}/{first.name}"
     try:
-        first.download_as_bytes(start=0, end=min(1023, max(0, int(first.size or 1) - 1)), raw_download=True)
+        first.download_as_bytes(start=0, end=min(1023, max(0, int(first.size or 1) - 1)), raw_download=True,
+                                retry=retry())
         report.access.append(AccessCheck("read", target, True))
     except Exception as exc:
         report.access.append(AccessCheck("read", target, False, str(explain(exc, target, "read it"))))
@@ -165,7 +166,7 @@ def _check_write(client, path: GcsPath, report: StorageCheckReport) -> None:
         report.access.append(AccessCheck("write", target, False, str(explain(exc, target, "write it"))))
         return
     try:
-        blob.delete()
+        blob.delete(retry=retry())
         report.access.append(AccessCheck("delete", target, True, "needed to replace and prune checkpoints"))
     except Exception as exc:
         report.access.append(AccessCheck("delete", target, False, str(explain(exc, target, "delete it"))))

@@ -93,7 +93,7 @@ class TransferSummary:
             f"{self.seconds:.1f} s, {human_bytes(rate)}/s), {len(self.skipped)} skipped (already "
             f"identical), {len(self.failed)} failed"
         ]
-        lines += [f"  FAILED {r.error}" for r in self.failed]
+        lines += [f"  FAILED {r.error} ({r.attempts} attempt{'s' if r.attempts != 1 else ''})" for r in self.failed]
         return "\n".join(lines)
 
     def raise_for_failures(self) -> TransferSummary:
@@ -120,6 +120,8 @@ def transfer(src: str, dst: str, options: TransferOptions | None = None) -> Tran
     """
     options = options or TransferOptions()
     src, dst = os.fspath(src), os.fspath(dst)
+    for location in (src, dst):
+        gcs.check_location(location)
     start = time.monotonic()
     items, single = _plan(src, dst)
     summary = TransferSummary(src, dst)

@@ -14,3 +14,7 @@
 - ``session``: the session deadline and stop signals.
 - ``run_folder``: the contract of a run folder; ``status``: where a run stands.
 """
+
+from ..environment import import_tensorflow
+
+import_tensorflow()  # first, so that TensorFlow's C++ start-up noise is filtered whichever module comes next

@@ -3,10 +3,13 @@
 A checkpoint is a folder ``checkpoints/ckpt-000001000/`` holding a backend's state files (TensorFlow's
 ``state.index``/``state.data-*``, or the JAX backend's ``state.npz``: a :class:`CheckpointState` writes
 and reads them) and a ``checkpoint.json`` that lists each file's size and CRC32C. It is written under a
-temporary name and renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a reader never
-sees half a checkpoint. On start, the newest checkpoint whose files match their recorded sizes and
-checksums is restored (fetched from the mirror first when the mirror's is newer: see :mod:`.mirror`);
-a truncated or missing file makes it fall back to the previous one, with a warning naming it.
+temporary name and renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a
+reader never sees half a checkpoint. On start, the newest checkpoint whose files match their recorded sizes and
+checksums is restored (fetched from the mirror first when the mirror's is newer: see :mod:`.mirror`).
+A damaged checkpoint (a truncated, missing or altered file) is never overwritten or pruned: when an
+older whole one exists, training falls back to it and the damaged ones are moved to
+``checkpoints/damaged/`` with a warning; when none is whole, training refuses to start and names them,
+unless told to set them aside and start over.
 """
 
 from __future__ import annotations
@@ -33,10 +36,25 @@ PREFIX = "ckpt-"
 MANIFEST = "checkpoint.json"
 POINTER = "latest"
 TF_PREFIX = "state"  # TensorFlow writes state.index and state.data-*
+DAMAGED = "damaged"  # where damaged checkpoints are moved: kept for the user, never pruned or overwritten
+DAMAGE_NOTE = "DAMAGED.txt"
 
 
 class CheckpointError(UserInputError):
     """A checkpoint cannot be written or used; the message names it and what to do."""
+
+
+class DamagedCheckpointsError(CheckpointError):
+    """Every checkpoint of a run is damaged: training refuses to start over them."""
+
+    def __init__(self, directory: Path, damaged: list[tuple[CheckpointInfo, str]]):
+        listed = "; ".join(f"{info.name}: {why}" for info, why in damaged[:5])
+        super().__init__(
+            f"Every checkpoint in {directory} is damaged ({listed}), so there is nothing to resume from, and "
+            "nothing was changed. Restore them from a copy (the mirror, a backup) to resume; or move them away "
+            "yourself; or run again with --set_aside_damaged_checkpoints (Python: "
+            f"train(..., set_aside_damaged_checkpoints=True)) to move them to {directory / DAMAGED} and start "
+            "from step 0.")
 
 
 @dataclass
@@ -246,19 +264,27 @@ class CheckpointManager:
         """Local checkpoints, newest first (not yet verified)."""
         return list_checkpoints(self.directory)
 
-    def newest_valid(self) -> CheckpointInfo | None:
-        """The newest whole checkpoint, fetching it from the mirror when the mirror's is newer."""
+    def scan(self) -> tuple[list[CheckpointInfo], list[tuple[CheckpointInfo, str]]]:
+        """The whole local checkpoints and the damaged ones with why, newest first; a newer checkpoint in
+        the mirror is fetched first."""
         local = self.local_checkpoints()
         remote_step = self.mirror.newest_step() if self.mirror is not None else None
         if remote_step is not None and (not local or remote_step > local[0].step):
             self._fetch(remote_step)
             local = self.local_checkpoints()
+        whole, damaged = [], []
         for info in local:
             problem = verify(info)
             if problem is None:
-                return info
-            log.warning("Skipping checkpoint %s: %s. Falling back to an earlier one.", info.path, problem)
-        return None
+                whole.append(info)
+            else:
+                damaged.append((info, problem))
+        return whole, damaged
+
+    def newest_valid(self) -> CheckpointInfo | None:
+        """The newest whole checkpoint, fetching it from the mirror when the mirror's is newer."""
+        whole, _ = self.scan()
+        return whole[0] if whole else None
 
     def _fetch(self, step: int) -> None:
         name = checkpoint_name(step)
@@ -272,23 +298,43 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("Could not fetch checkpoint %s from the mirror: %s", name, exc)
 
-    def restore_latest(self) -> CheckpointInfo | None:
-        """Restore the newest whole checkpoint into the tracked objects; None when there is none."""
-        while True:
-            info = self.newest_valid()
-            if info is None:
-                return None
+    def restore_latest(self, set_aside_damaged: bool = False) -> CheckpointInfo | None:
+        """Restore the newest whole checkpoint into the tracked objects; None when there is none.
+
+        Damaged checkpoints are moved to ``damaged/`` when a whole one is restored (or when
+        ``set_aside_damaged``); when every checkpoint is damaged, :class:`DamagedCheckpointsError`.
+        """
+        whole, damaged = self.scan()
+        restored = None
+        for info in whole:
             try:
                 self.checkpoint.read(Path(info.path))
-                return info
             except ValueError as exc:
                 raise CheckpointError(
                     f"Checkpoint {info.path} does not fit the model being built ({str(exc).splitlines()[0]}). "
                     "The run's configuration changed in a way that changes the model; use a new output_dir."
                 ) from None
-            except Exception as exc:  # unreadable despite matching checksums: fall back
-                log.warning("Skipping checkpoint %s: it cannot be read (%s).", info.path, exc)
-                shutil.rmtree(info.path, ignore_errors=True)
+            except Exception as exc:  # unreadable despite matching checksums
+                damaged.append((info, f"it cannot be read ({str(exc).splitlines()[0]})"))
+                continue
+            restored = info
+            break
+        if damaged and restored is None and not set_aside_damaged:
+            raise DamagedCheckpointsError(self.directory, damaged)
+        for info, why in damaged:
+            self._set_aside(info, why)
+        return restored
+
+    def _set_aside(self, info: CheckpointInfo, why: str) -> None:
+        """Move a damaged checkpoint to ``damaged/`` (with a note saying why): kept, out of every later save's way."""
+        folder = self.directory / DAMAGED
+        folder.mkdir(exist_ok=True)
+        target = folder / info.name
+        if target.exists():
+            target = folder / f"{info.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(info.path, target)
+        (target / DAMAGE_NOTE).write_text(f"{why}\n")
+        log.warning("Checkpoint %s is damaged (%s): moved to %s, where it stays.", info.name, why, target)
 
 
 def _is_disk_full(exc: BaseException) -> bool:

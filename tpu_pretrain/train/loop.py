@@ -4,8 +4,11 @@ The loop is the same for both backends: it drives a :class:`Trainer` (TensorFlow
 :class:`.trainer.Trainer` or :class:`..jax_backend.trainer.JaxTrainer`), which owns the model, the
 optimizer, the input and the state a checkpoint holds. Checkpoints are saved every
 ``save_checkpoints_steps``, at the end, and before stopping for the session deadline or SIGTERM/SIGINT;
-starting again in the same folder continues exactly: the same weights, optimizer state, step and input
-position, so the run neither repeats nor skips an example.
+starting again in the same folder continues exactly: the same weights, optimizer state, step, input
+position and dropout masks, so the run neither repeats nor skips an example. One process trains in a
+run folder at a time (:mod:`.run_lock`). A loss, weight or optimizer moment that is no longer finite
+stops training with :class:`TrainingDiverged` before anything is saved, so the last good checkpoint
+stays the newest.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,12 +25,14 @@ from typing import Protocol
 from ..config import Config
 from ..errors import UserInputError
 from ..formatting import hms
+from ..storage.local import check_writable_folder
 from .bert_config import BertConfig
 from .checkpoints import CheckpointManager, CheckpointState
 from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
 from .run_folder import RunFolder, run_identity
+from .run_lock import RunLock
 from .session import SessionGuard, session_deadline
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,11 @@ class Trainer(Protocol):
     def checkpoint_state(self) -> CheckpointState: ...
 
     def describe(self) -> str: ...
+
+    def weights_finite(self) -> bool: ...
+
+    @property
+    def precision(self) -> str: ...
 
     def close(self) -> None: ...
 
@@ -110,10 +121,17 @@ class Throughput:
         return self.steps / self.seconds if self.seconds else self.last_rate
 
 
-def train(config: Config | None = None, *, progress: bool | None = None, **kwargs) -> TrainResult:
+class TrainingDiverged(UserInputError):
+    """The loss or the weights are no longer finite; nothing was saved after the last good checkpoint."""
+
+
+def train(config: Config | None = None, *, progress: bool | None = None, set_aside_damaged_checkpoints: bool = False,
+          **kwargs) -> TrainResult:
     """Pretrain (or continue pretraining) BERT as configured: ``train(data_dir=..., output_dir=..., ...)``.
 
     The caller's ``config`` is not changed: keyword settings and the data's own settings go into a copy.
+    ``set_aside_damaged_checkpoints``: when every checkpoint of the run is damaged, move them to
+    ``checkpoints/damaged/`` and start from step 0 (otherwise that is refused).
     """
     config = copy.deepcopy(config) if config is not None else Config()
     config.update(kwargs)
@@ -121,10 +139,9 @@ def train(config: Config | None = None, *, progress: bool | None = None, **kwarg
     output_dir = config.storage.output_dir
     if not output_dir:
         raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
-    if "://" in output_dir:
-        raise UserInputError(f"output_dir {output_dir}: train writes to a local (or mounted Drive) folder; "
-                             "sync it to Cloud Storage with `tpu-pretrain upload`.")
-    return run_training(make_trainer(config), output_dir, progress=progress)
+    check_writable_folder(output_dir)
+    return run_training(make_trainer(config), output_dir, progress=progress,
+                        set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
 
 
 def make_trainer(config: Config) -> Trainer:
@@ -143,12 +160,19 @@ def make_trainer(config: Config) -> Trainer:
     return TensorFlowTrainer(config)
 
 
-def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None) -> TrainResult:
-    """The loop: resume from the newest checkpoint, train in chunks, log, evaluate, checkpoint, stop in time."""
-    t = trainer.config.train
+def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None,
+                 set_aside_damaged_checkpoints: bool = False) -> TrainResult:
+    """The loop, holding the run folder's lock: resume, train in chunks, log, evaluate, checkpoint, stop in time."""
     run = RunFolder(output_dir)
+    with RunLock(run.lock_file):
+        return _run_locked(trainer, run, progress, set_aside_damaged_checkpoints)
+
+
+def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_aside_damaged: bool) -> TrainResult:
+    t = trainer.config.train
+    output_dir = str(run.path)
     manager, mirror = _checkpoints(trainer, run)
-    throughput = Throughput(_resume(trainer, run, manager))
+    throughput = Throughput(_resume(trainer, run, manager, set_aside_damaged))
     scalars = ScalarLog(run)
     result = TrainResult(output_dir=output_dir, steps=trainer.step)
     if trainer.step == 0:
@@ -161,6 +185,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
             tick = time.perf_counter()
             metrics = trainer.train_steps(target - step)
             seconds = time.perf_counter() - tick
+            _check_finite(trainer, manager, metrics, step, target)
             throughput.record(target - step, seconds)
             _append_example_ids(trainer, run)
             metrics.update(steps_per_second=throughput.steps_per_second,
@@ -206,12 +231,12 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
                              mirror=mirror), mirror
 
 
-def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager) -> float:
+def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_aside_damaged: bool) -> float:
     """Check the folder fits this run, restore its newest checkpoint, record the run, open the input at the
     restored step; returns the seconds already trained."""
     identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
     run.check_can_resume(identity)
-    restored = manager.restore_latest()
+    restored = manager.restore_latest(set_aside_damaged)
     run.write_run_files(trainer.config, trainer.bert_config, trainer.config.data.vocab_file)
     run.record_identity(identity)
     trainer.start_input(trainer.step)
@@ -249,6 +274,8 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     stop_reason = guard.should_stop(next_chunk_seconds=seconds)
     stopping = stop_reason is not None and step < total
     if step % t.save_checkpoints_steps == 0 or step == total or stopping:
+        if not trainer.weights_finite():
+            raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
                             "steps_per_second": throughput.steps_per_second, "saved_at": time.time()})
     if not stopping:
@@ -256,6 +283,29 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "
                 "this step.", step, total, stop_reason)
     return stop_reason
+
+
+def _check_finite(trainer: Trainer, manager: CheckpointManager, metrics: dict, first: int, last: int) -> None:
+    """Stop before anything is saved when the steps just run gave a non-finite loss (float16: when the
+    weights went with it; loss scaling skips an overflowing step on its own)."""
+    if math.isfinite(metrics["loss"]):
+        return
+    if trainer.precision == "float16" and trainer.weights_finite():
+        log.warning("Steps %d-%d: the loss overflowed float16; loss scaling skipped those updates.", first + 1, last)
+        return
+    raise _diverged(trainer, manager, last, f"a loss of {metrics['loss']} in steps {first + 1}-{last}")
+
+
+def _diverged(trainer: Trainer, manager: CheckpointManager, step: int, what: str) -> TrainingDiverged:
+    t = trainer.config.train
+    saved = manager.local_checkpoints()
+    kept = (f"The newest checkpoint, {saved[0].path} (step {saved[0].step}), is from before and intact; "
+            "nothing was saved after it." if saved else "No checkpoint was saved.")
+    return TrainingDiverged(
+        f"Training diverged at step {step}: {what}. {kept} Lower --learning_rate (now {t.learning_rate:g}), "
+        f"lengthen --num_warmup_steps (now {t.num_warmup_steps}), clip gradients with --clip_norm (now "
+        f"{t.clip_norm:g}; 1.0 is BERT's), or train in --mixed_precision float32 (now "
+        f"{trainer.precision}); then run train again: it resumes from the newest checkpoint.")
 
 
 def _evaluate(trainer: Trainer, scalars: ScalarLog, step: int, label: str) -> dict | None:

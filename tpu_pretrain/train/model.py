@@ -5,12 +5,17 @@ Why not bert4keras's own ``with_mlm=True`` head: it computes full-vocabulary log
 which costs ~25% of a BERT-base step and a [batch, length, vocab] softmax. Like the original BERT we
 gather the hidden states at ``masked_lm_positions`` first, then apply the tied-embedding MLM head.
 We also give every weight matrix its own random draw (bert4keras hands one initializer object to the
-Q, K, V and output kernels, and an unseeded tf-keras initializer repeats its values).
+Q, K, V and output kernels, and an unseeded tf-keras initializer repeats its values), and draw every
+dropout mask from a stateless stream keyed by (seed, step, replica, micro-batch, layer), which the
+trainer opens with :func:`dropout_seed`: a resumed run drops exactly what an uninterrupted one drops.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..environment import EnvironmentSetupError, check_dependencies
@@ -22,7 +27,8 @@ if getattr(sys.modules.get("keras"), "__version__", "2").startswith("3"):
                                 "(or restart the notebook kernel).")
 
 import tensorflow as tf
-from bert4keras.layers import Dense, Embedding, Lambda, LayerNormalization, ScaleOffset
+from bert4keras.backend import align, attention_normalize
+from bert4keras.layers import Dense, Dropout, Embedding, Lambda, LayerNormalization, MultiHeadAttention, ScaleOffset
 from bert4keras.models import BERT
 
 from .bert_config import BertConfig
@@ -49,6 +55,61 @@ class FreshTruncatedNormal(keras.initializers.Initializer):
         return {"stddev": self.stddev}
 
 
+_SEED = threading.local()  # per thread: MirroredStrategy traces each replica in a thread of its own
+
+
+@contextmanager
+def dropout_seed(seed):
+    """Draw the dropout masks of model calls traced inside the block from ``seed`` (an int64 [2] tensor)."""
+    previous = getattr(_SEED, "value", None)
+    _SEED.value = seed
+    try:
+        yield
+    finally:
+        _SEED.value = previous
+
+
+def seeded_dropout(inputs, rate: float, key: str, training):
+    """Stateless dropout keyed by the open :func:`dropout_seed` and ``key`` (a layer's name); None when no
+    seed is open (the caller then drops with Keras's own stateful random stream)."""
+    seed = getattr(_SEED, "value", None)
+    if seed is None or training is None:
+        return None
+    if not training or not rate:
+        return tf.identity(inputs)
+    layer_seed = tf.random.experimental.stateless_fold_in(seed, tf.constant(zlib.crc32(key.encode()), tf.int64))
+    return tf.nn.experimental.stateless_dropout(inputs, rate=rate, seed=layer_seed)
+
+
+class SeededDropout(Dropout):
+    """Keras Dropout whose masks come from :func:`dropout_seed` when one is open."""
+
+    def call(self, inputs, training=None):
+        dropped = seeded_dropout(inputs, self.rate, self.name, training)
+        return super().call(inputs, training=training) if dropped is None else dropped
+
+
+class SeededAttention(MultiHeadAttention):
+    """bert4keras's multi-head attention (BERT's case: no position bias) with its attention-probability
+    dropout drawn from :func:`dropout_seed`; other cases are bert4keras's own."""
+
+    def pay_attention_to(self, inputs, mask=None, **kwargs):
+        training = kwargs.get("training")  # Keras hands it to call(**kwargs), which hands it on
+        if kwargs.get("p_bias") or not self.attention_dropout or training is None or \
+                getattr(_SEED, "value", None) is None:
+            return super().pay_attention_to(inputs, mask, **kwargs)
+        qw, kw, vw = inputs[:3]
+        a_bias = inputs[3] if kwargs.get("a_bias") else None
+        a = tf.einsum("bjhd,bkhd->bhjk", qw, kw)
+        if self.attention_scale:
+            a = a / self.key_size**0.5
+        if a_bias is not None and tf.keras.backend.ndim(a_bias) == 3:
+            a_bias = align(a_bias, [0, -2, -1], tf.keras.backend.ndim(a))
+        probabilities = attention_normalize(a, mask[1], -1, self.normalization, a_bias)
+        probabilities = seeded_dropout(probabilities, self.attention_dropout, f"{self.name}/probabilities", training)
+        return tf.einsum("bhjk,bkhd->bjhd", probabilities, vw), a
+
+
 def _gather_positions(inputs):
     """[batch, length, hidden] at [batch, predictions] positions -> [batch, predictions, hidden]."""
     sequence, positions = inputs
@@ -70,6 +131,14 @@ class PretrainingBERT(BERT):
     @property
     def initializer(self):
         return FreshTruncatedNormal(self.initializer_range)
+
+    def apply(self, inputs=None, layer=None, arguments=None, **kwargs):
+        """bert4keras's layer factory, with dropout and attention whose masks follow :func:`dropout_seed`."""
+        if layer is MultiHeadAttention:
+            layer = SeededAttention
+        elif layer is Dropout and self.dropout_rate:
+            layer = SeededDropout
+        return super().apply(inputs=inputs, layer=layer, arguments=arguments, **kwargs)
 
     def apply_final_layers(self, inputs):
         sequence = inputs

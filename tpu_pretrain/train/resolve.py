@@ -8,7 +8,7 @@ import os
 
 from ..config import Config, TrainConfig
 from ..data.data_folder import DataInfo
-from ..data.vocab import load_vocab
+from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
 from .bert_config import BertConfig, resolve_bert_config
 
@@ -28,13 +28,33 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
     vocab_file = config.data.vocab_file or data.vocab_file or ""
     if vocab_file and not os.path.isfile(vocab_file):
         raise UserInputError(f"vocab_file {vocab_file} does not exist.")
-    if config.data.vocab_file and data.vocab_size:
-        size = len(load_vocab(config.data.vocab_file))
-        if size != data.vocab_size:
-            raise UserInputError(f"vocab_file {config.data.vocab_file} has {size} tokens but the data in "
-                                 f"{data.data_dir} was made with {data.vocab_size}; use the data's vocab.")
+    if config.data.vocab_file:
+        _check_same_vocab(config.data.vocab_file, data)
     resolved.data.vocab_file = vocab_file
     return resolved
+
+
+def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
+    """Refuse a vocab other than the data's, compared token by token (same size, other order: other words)."""
+    tokens = load_vocab(vocab_file)
+    if data.vocab_file:
+        theirs = load_vocab(data.vocab_file)
+        if tokens == theirs:
+            return
+        line = next((i for i, (a, b) in enumerate(zip(tokens, theirs, strict=False)) if a != b),
+                    min(len(tokens), len(theirs)))
+        ours = tokens[line] if line < len(tokens) else "(end of file)"
+        other = theirs[line] if line < len(theirs) else "(end of file)"
+        detail = f"line {line + 1} is {ours!r} here and {other!r} in the data's {data.vocab_file}"
+    elif data.vocab_sha256 and vocab_sha256(vocab_file) != data.vocab_sha256:
+        detail = "its checksum differs from the one in the data's manifest"
+    elif data.vocab_size and len(tokens) != data.vocab_size:
+        detail = f"it has {len(tokens)} tokens, the data's vocab {data.vocab_size}"
+    else:
+        return
+    raise UserInputError(f"vocab_file {vocab_file} is not the vocab the data in {data.data_dir} was made with "
+                         f"({detail}): the token ids would mean other words. Leave vocab_file unset to use the "
+                         "data's own vocab.")
 
 
 def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
@@ -67,3 +87,11 @@ def eval_batch_size(t: TrainConfig, data: DataInfo, replicas: int) -> int:
         log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.", data.eval_instances,
                     replicas)
     return size
+
+
+def check_data_fills_a_batch(t: TrainConfig, data: DataInfo) -> None:
+    if data.train_instances is not None and data.train_instances < t.train_batch_size:
+        raise UserInputError(
+            f"The data in {data.data_dir} holds {data.train_instances} training instances, fewer than one batch "
+            f"(train_batch_size={t.train_batch_size}): make more data (more text, a higher dupe_factor) or use a "
+            "smaller train_batch_size.")

@@ -3,6 +3,7 @@
 A run folder (train's ``output_dir``) holds:
 
 - ``config.json``: the resolved configuration (with the data's shapes);
+- ``train.lock``: held by the one training process at work here (:mod:`.run_lock`);
 - ``run.json``: the run's identity (model, data, the settings that pin it), recorded at the first start
   and compared at every later one;
 - ``bert_config.json``: the model's shape; ``vocab.txt``: the vocab it was trained with;
@@ -30,6 +31,7 @@ from ..storage.local import atomic_open, write_text_atomic
 from .bert_config import BertConfig
 
 CONFIG = "config.json"
+LOCK = "train.lock"
 IDENTITY = "run.json"
 BERT_CONFIG = "bert_config.json"
 VOCAB = "vocab.txt"
@@ -58,6 +60,10 @@ class RunFolder:
     @property
     def config_file(self) -> Path:
         return self.path / CONFIG
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK
 
     @property
     def identity_file(self) -> Path:

@@ -6,7 +6,7 @@ import os
 
 from .. import storage
 from ..formatting import hms
-from .checkpoints import list_checkpoints, verify
+from .checkpoints import DAMAGED, list_checkpoints, verify
 from .mirror import CheckpointMirror
 from .run_folder import RunFolder
 
@@ -17,8 +17,19 @@ def run_status(run_dir: str | os.PathLike) -> str:
     config = run.read_config()
     total = config.train.num_train_steps
     mirror = config.storage.mirror_dir
-    newest = next((c for c in list_checkpoints(run.checkpoints) if verify(c) is None), None)
+    checked = [(c, verify(c)) for c in list_checkpoints(run.checkpoints)]
+    newest = next((c for c, problem in checked if problem is None), None)
+    damaged = [f"{c.name} ({problem})" for c, problem in checked if problem is not None]
     lines = [f"run: {run.path.resolve()}"]
+    if damaged:
+        lines.append(f"damaged checkpoints: {'; '.join(damaged)}")
+    set_aside = sorted(p.name for p in (run.checkpoints / DAMAGED).glob("*")) if run.checkpoints.is_dir() else []
+    if set_aside:
+        lines.append(f"set aside as damaged earlier, in {run.checkpoints / DAMAGED}: {', '.join(set_aside)}")
+    if newest is None and damaged:
+        lines.append(f"no whole checkpoint: `train` refuses to start over the damaged ones (0 of {total} steps "
+                     "usable; see its --set_aside_damaged_checkpoints)")
+        return "\n".join(lines)
     if newest is None:
         lines.append(f"no checkpoint yet (0 of {total} steps)")
         return "\n".join(lines)

@@ -2,30 +2,47 @@
 
 Losses are normalised over the *global* batch, so 1 or N replicas, and k accumulated micro-batches,
 give the same update; several steps run per compiled call (TPU); the input is opened at an exact step,
-its order a pure function of (seed, records consumed). The loop around it is :mod:`.loop`.
+its order a pure function of (seed, records consumed), and dropout draws its masks from a stream keyed by
+(seed, step, replica, micro-batch), so a resumed run continues exactly. The loop around it is :mod:`.loop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import tensorflow as tf
 
 from ..config import Config
-from ..data.data_folder import DataInfo, read_data_info
+from ..data.data_folder import DataInfo, damaged_shards, read_data_info
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
 from .bert_config import BertConfig
 from .checkpoints import TensorFlowState
 from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
-from .model import build_pretraining_model
+from .model import build_pretraining_model, dropout_seed
 from .optimization import create_optimizer
-from .resolve import check_batch_split, eval_batch_size, resolve_config, run_bert_config
+from .resolve import check_batch_split, check_data_fills_a_batch, eval_batch_size, resolve_config, run_bert_config
 from .weights import load_init_checkpoint
 
 log = logging.getLogger(__name__)
 SUM = tf.distribute.ReduceOp.SUM
+
+
+@contextlib.contextmanager
+def corrupt_shards_named(data: DataInfo):
+    """Turn TensorFlow's "corrupted record" into an error naming the shards that no longer match the manifest."""
+    try:
+        yield
+    except tf.errors.DataLossError as exc:
+        damaged = damaged_shards(data.data_dir)
+        which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
+                 else "no shard differs from its manifest checksum, so the copy being read may be failing")
+        raise UserInputError(
+            f"A shard in {data.data_dir} is corrupt ({exc.message.splitlines()[0]}): {which}. Copy the data folder "
+            "again (or run create-data again: it rewrites what does not match), then run train again; it resumes."
+        ) from None
 
 
 class Trainer:
@@ -35,6 +52,7 @@ class Trainer:
         self.data: DataInfo = read_data_info(config.storage.data_dir)
         self.config = config = resolve_config(config, self.data)
         t = config.train
+        check_data_fills_a_batch(t, self.data)
         self.accelerator = accelerator or detect_accelerator(
             t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
         self.strategy = self.accelerator.strategy
@@ -112,9 +130,9 @@ class Trainer:
             loss += stats["nsp_loss_sum"] / global_examples
         return loss, stats
 
-    def _compute_gradients(self, batch, global_weight, global_examples):
+    def _compute_gradients(self, batch, global_weight, global_examples, seed):
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, dropout_seed(seed):
             loss, stats = self._forward_stats(batch, global_weight, global_examples, training=True)
             scaled = self.optimizer.get_scaled_loss(loss) if self.accelerator.precision == "float16" else loss
         return tape.gradient(scaled, variables), stats
@@ -127,14 +145,19 @@ class Trainer:
         global_examples = float(self.config.train.train_batch_size)
         variables = self.model.trainable_variables
         k = self.config.train.gradient_accumulation_steps
+        # Dropout's stream: a pure function of (seed, step, replica, micro-batch), like the data order.
+        seed = tf.stack([tf.constant(self.config.train.train_seed, tf.int64),
+                         tf.cast(self.optimizer.iterations, tf.int64)])
+        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(context.replica_id_in_sync_group, tf.int64))
         if k == 1:
-            grads, stats = self._grads_fn(batch, global_weight, global_examples)
+            grads, stats = self._grads_fn(batch, global_weight, global_examples, seed)
         else:
             micro = {key: tf.reshape(v, [k, -1] + v.shape[1:].as_list()) for key, v in batch.items()}
             grads = [tf.zeros_like(v) for v in variables]
             stats = {key: tf.constant(0.0) for key in STAT_KEYS}
             for i in tf.range(k):
-                g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples)
+                g, s = self._grads_fn({key: v[i] for key, v in micro.items()}, global_weight, global_examples,
+                                      tf.random.experimental.stateless_fold_in(seed, tf.cast(i, tf.int64)))
                 grads = [a + b for a, b in zip(grads, g, strict=True)]
                 stats = {key: stats[key] + s[key] for key in STAT_KEYS}
         # Dense gradients: the embedding lookup's IndexedSlices repeat indices, and Keras's global-norm
@@ -182,7 +205,8 @@ class Trainer:
         while steps > 0:
             n = min(steps, self.steps_per_execution)
             first = self.step
-            sums, ids = self._train_loop(self.train_iterator, tf.constant(n))
+            with corrupt_shards_named(self.data):
+                sums, ids = self._train_loop(self.train_iterator, tf.constant(n))
             totals = add_sums(totals, sums)
             if self.config.train.log_example_ids:
                 self.example_ids.extend((first + 1 + i, row.tolist()) for i, row in enumerate(ids.numpy()))
@@ -194,11 +218,18 @@ class Trainer:
         if self.eval_dataset is None:
             return None
         totals: dict = {}
-        for batch in self.eval_dataset:
-            totals = add_sums(totals, self._eval_loop(batch))
+        with corrupt_shards_named(self.data):
+            for batch in self.eval_dataset:
+                totals = add_sums(totals, self._eval_loop(batch))
         if not totals.get("examples"):
             return None
         return metrics_from_sums(totals)
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and optimizer slot is finite (no NaN or Inf): what may be saved."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        variables = self.model.trainable_variables + [v for v in optimizer.variables if v.dtype.is_floating]
+        return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables)
 
     def learning_rate(self) -> float:
         opt = getattr(self.optimizer, "inner_optimizer", self.optimizer)
@@ -207,6 +238,10 @@ class Trainer:
     def checkpoint_state(self) -> TensorFlowState:
         """Model and optimizer (with its step) in TensorFlow's checkpoint format."""
         return TensorFlowState(tf.train.Checkpoint(model=self.model, optimizer=self.optimizer))
+
+    @property
+    def precision(self) -> str:
+        return self.accelerator.precision
 
     def describe(self) -> str:
         return f"TensorFlow, {self.accelerator.describe()}"
