@@ -12,7 +12,7 @@ TPU_VENV := .venv-tpu
 TPU_STACK_TESTS := tests/train tests/export/test_evaluation_export.py tests/test_tpu_stack.py
 TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
-.PHONY: install test test-tpu-stack lint demo clean
+.PHONY: install test test-tpu-stack lint demo clean install-jax-stack test-jax-stack
 
 install: $(STAMP)
 
@@ -41,8 +41,33 @@ test-tpu-stack: $(STAMP)
 	$(TPU_VENV)/bin/tpu-pretrain demo --output_dir $(TPU_VENV)/demo_run
 	$(TPU_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(TPU_STACK_TESTS) -k "$(TPU_STACK_SKIP)"
 
+# -- The JAX backend without TensorFlow or bert4keras, as on Colab's TPU image: .venv-jax --------------
+# Keras 3 + JAX (CPU) and the package's other dependencies; the package itself with --no-deps, since
+# install_requires still names TensorFlow. `make test` runs these tests too (they add ~2 min of install on a
+# fresh clone and ~4 min of tests).
+JAX_VENV := .venv-jax
+JAX_STAMP := $(JAX_VENV)/.installed
+JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2" "tokenizers>=0.20" "jieba>=0.42" \
+	"google-cloud-storage>=2.14" "google-crc32c>=1.5" tqdm pyyaml psutil setuptools matplotlib \
+	pytest safetensors "transformers>=4.40" torch==2.13.0
+
+install-jax-stack: $(JAX_STAMP)
+
+$(JAX_STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(JAX_VENV)/bin/python -m pip install --quiet $(JAX_STACK_PACKAGES)
+	$(JAX_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	! $(JAX_VENV)/bin/python -c "import tensorflow" 2>/dev/null  # the point of this environment
+	touch $@
+
+test-jax-stack: $(JAX_STAMP)
+	$(JAX_VENV)/bin/python -m pytest -q -ra tests/jax_backend
+
+test: test-jax-stack
+
 demo: $(STAMP)
 	$(BIN)/tpu-pretrain demo --output_dir demo_run
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) demo_run .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(TPU_VENV) $(JAX_VENV) demo_run .pytest_cache .ruff_cache *.egg-info

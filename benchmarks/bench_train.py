@@ -31,15 +31,9 @@ import tensorflow as tf
 # isort: on
 from tpu_pretrain.config import Config
 from tpu_pretrain.train.accelerator import detect_accelerator, matmul_peak_flops
-from tpu_pretrain.train.bert_config import bert_config_for_size
+from tpu_pretrain.train.bert_config import bert_config_for_size, training_flops_per_sequence
 from tpu_pretrain.train.optimization import create_optimizer
 from tpu_pretrain.train.trainer import Trainer
-
-
-def train_flops_per_sequence(layers, hidden, intermediate, seq, pred, vocab) -> float:
-    forward = layers * (seq * (8 * hidden**2 + 4 * hidden * intermediate) + 4 * seq**2 * hidden)
-    forward += pred * (2 * hidden**2 + 2 * hidden * vocab) + 2 * hidden**2 + 4 * hidden
-    return 3.0 * forward
 
 
 def write_random_shards(folder: str, n: int, seq: int, pred: int, vocab: int) -> None:
@@ -118,8 +112,7 @@ def main() -> None:
 
     accelerator = detect_accelerator("auto", jit_compile=args.jit)
     cfg = bert_config_for_size(args.model_size, args.vocab)
-    flops = train_flops_per_sequence(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, args.seq,
-                                     args.pred, args.vocab)
+    flops = training_flops_per_sequence(cfg, args.seq, args.pred)
     peak = matmul_peak_flops(2048)
     print(f"device: {accelerator.describe()}; peak (2048^3 float32 matmul): {peak / 1e9:.1f} GFLOP/s")
     print(f"model {args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, "

@@ -14,11 +14,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
-    ("errors", "formatting", "runtime", "release", "tpu_stack", "environment", "tpu_diagnosis", "tpu_env"),
+    ("errors", "formatting", "runtime", "release", "tpu_stack", "environment", "backend", "tpu_diagnosis",
+     "tpu_env"),
     ("storage",),
     ("config", "config_checks"),
     ("data",),
-    ("train",),
+    ("train", "jax_backend"),
     ("export",),
     ("cli", "notebook", "demo", "__init__", "__main__"),
 )

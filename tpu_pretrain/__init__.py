@@ -3,7 +3,8 @@
 Importing the package sets what TensorFlow reads when it is imported (Keras 2 for bert4keras; the TPU
 runtime's variables) and never imports TensorFlow itself, so a notebook kernel on a TPU runtime can use
 the TPU environment (:mod:`.tpu_env`) without loading TensorFlow. Whether tf-keras and bert4keras are
-installed is checked where training starts (:mod:`.train`).
+installed is checked where the TensorFlow backend is first used (:mod:`.train.model`), so the data steps
+and the JAX backend run without them.
 """
 
 from .environment import EnvironmentSetupError, configure_keras2, configure_tpu_runtime

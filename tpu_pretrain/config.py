@@ -166,6 +166,10 @@ class TrainConfig:
                                   steps=(TRAIN,), pins=(RUN,))
     train_seed: int = _f(0, "Seed for weight initialisation, data order, dropout and dynamic masks.",
                          steps=(TRAIN,), pins=(RUN,))
+    backend: str = _f("tensorflow", "Training backend: tensorflow (bert4keras, tf-keras), jax (Keras 3 on JAX: the "
+                      "TPU path of images without TensorFlow) or auto (jax where TensorFlow cannot use the "
+                      "accelerator or is not installed).", choices=("tensorflow", "jax", "auto"), steps=(TRAIN,),
+                      pins=(RUN,))
     accelerator: str = _f("auto", "auto, tpu, gpu or cpu.", choices=("auto", "tpu", "gpu", "cpu"), steps=(TRAIN,))
     tpu_name: str = _f("local", "TPU to use: 'local' on TPU VMs (Colab, Kaggle), or a TPU name/grpc address.",
                        steps=(TRAIN,))

@@ -205,9 +205,14 @@ def native_stderr_filtered(noise: re.Pattern = NATIVE_NOISE):
 
 
 def import_tensorflow():
-    """TensorFlow, imported (and its devices listed, off TPU VMs) with the C++ start-up noise filtered out."""
+    """TensorFlow, imported (and its devices listed, off TPU VMs) with the C++ start-up noise filtered out.
+
+    Where it is not installed, the error says how to install it (:func:`check_dependencies`).
+    """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    if util.find_spec("tensorflow") is None:
+        check_dependencies()
     with native_stderr_filtered():
         import tensorflow as tf
 

@@ -22,13 +22,13 @@ from tpu_pretrain.export.rebuild import latest_weights, load_trained_model
 from tpu_pretrain.export.writers import export
 from tpu_pretrain.train.bert_config import BertConfig
 from tpu_pretrain.train.model import build_pretraining_model
-from tpu_pretrain.train.weights import (
+from tpu_pretrain.train.weight_names import (
     google_to_huggingface,
-    google_weights,
     huggingface_to_google,
     read_safetensors,
     write_safetensors,
 )
+from tpu_pretrain.train.weights import google_weights
 
 SEQ, PRED, STEPS = 64, 10, 40
 TOLERANCE = 1e-4

@@ -13,7 +13,8 @@ import tensorflow as tf
 from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.train.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
 from tpu_pretrain.train.model import build_pretraining_model
-from tpu_pretrain.train.weights import huggingface_to_google, load_init_checkpoint, read_checkpoint_weights
+from tpu_pretrain.train.weight_names import huggingface_to_google, read_checkpoint_weights
+from tpu_pretrain.train.weights import load_init_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,11 @@
 - ``fill_mask``: whole-word fill-mask predictions for sentences with ``[MASK]`` slots.
 - ``writers``: the Hugging Face folder and Google's original TF checkpoint.
 - ``plots``: the loss and accuracy curves from the TensorBoard logs.
+- ``probe``: is the encoder any good: a small labelled task, pretrained against random initialisation.
 """
 
-# The export formats and the heads a Hugging Face export may carry (here, so the CLI can offer them
-# without importing TensorFlow).
+# The export formats, the heads a Hugging Face export may carry and the probe's modes (here, so the CLI can
+# offer them without importing TensorFlow).
 FORMATS = ("hf", "tf")
 HEADS = ("all", "mlm", "encoder")
+PROBE_MODES = ("features", "finetune")

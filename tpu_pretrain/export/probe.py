@@ -21,16 +21,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from ..data.tokenization import load_tokenizer
+from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..storage.local import write_text_atomic
+from . import PROBE_MODES
 from .rebuild import TrainedModel, load_trained_model, untrained_copy
+
+tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
 log = logging.getLogger(__name__)
 
-MODES = ("features", "finetune")
 RIDGE_PENALTIES = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
@@ -184,8 +186,8 @@ def probe(run_dir: str | os.PathLike, task_file: str | os.PathLike, checkpoint: 
           mode: str = "features", max_seq_length: int = 64, test_fraction: float = 0.2, seed: int = 0,
           epochs: int = 5, learning_rate: float = 5e-4, output: str | os.PathLike | None = None) -> ProbeResult:
     """Held-out accuracy on ``task_file`` of the run's encoder and of the same shape from random weights."""
-    if mode not in MODES:
-        raise UserInputError(f"Probe mode {mode!r} is unknown; use one of {', '.join(MODES)}.")
+    if mode not in PROBE_MODES:
+        raise UserInputError(f"Probe mode {mode!r} is unknown; use one of {', '.join(PROBE_MODES)}.")
     if not 0 < test_fraction < 1:
         raise UserInputError(f"test_fraction={test_fraction} must be in (0, 1), e.g. 0.2.")
     texts, labels = read_task(task_file)

@@ -18,11 +18,13 @@ from pathlib import Path
 from ..config import Config
 from ..environment import import_tensorflow
 from ..errors import UserInputError
+from ..jax_backend.state import is_jax_checkpoint, read_weights
 from ..train.bert_config import BertConfig, checkpoint_bert_config
 from ..train.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
 from ..train.model import PretrainingModel, build_pretraining_model
-from ..train.run_folder import RunFolder
-from ..train.weights import HF_WEIGHT_FILES, has_pooler, load_init_checkpoint, tf_checkpoint_prefix
+from ..train.run_folder import RunFolder, run_vocab_file
+from ..train.weight_names import HF_WEIGHT_FILES, tf_checkpoint_prefix
+from ..train.weights import has_pooler, load_google_weights, load_init_checkpoint
 
 tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
@@ -66,19 +68,6 @@ def latest_weights(run_dir: str | os.PathLike, step: int | None = None) -> tuple
     return info.tf_prefix, info.step
 
 
-def run_vocab_file(run: RunFolder, config: Config) -> str:
-    """The vocab a run trained with: the run's own copy (older runs: the configured file, else the data's)."""
-    candidates = [run.vocab_file]
-    if config.data.vocab_file:
-        candidates.append(Path(config.data.vocab_file))
-    if config.storage.data_dir:
-        candidates.append(Path(config.storage.data_dir) / "vocab.txt")
-    for path in candidates:
-        if path.is_file():
-            return str(path)
-    raise UserInputError(f"No vocab.txt for run {run.path}: looked at {', '.join(map(str, candidates))}.")
-
-
 def _check_local(path: str | os.PathLike) -> None:
     if "://" in str(path):
         raise UserInputError(f"{path} is remote: download it first (`tpu-pretrain download {path} LOCAL_DIR`).")
@@ -87,9 +76,14 @@ def _check_local(path: str | os.PathLike) -> None:
 def restore_weights(pretraining: PretrainingModel, weights: str) -> tuple[str, list[str]]:
     """Load weights into a built model: a run checkpoint (object-based) or Google/Hugging Face weights.
 
-    Returns where they came from and the Google names of model weights the source lacked (left random).
+    A JAX backend checkpoint (``state.npz``) loads by Google name. Returns where they came from
+    and the Google names of model weights the source lacked (left random).
     """
     p = Path(weights)
+    jax_folder = next((f for f in (p, p.parent) if is_jax_checkpoint(f)), None)
+    if jax_folder is not None:  # a run trained by the JAX backend: its weights by Google name
+        load_google_weights(pretraining, read_weights(jax_folder), str(jax_folder))
+        return str(jax_folder), []
     is_hf = p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES)
     prefix = None if is_hf else tf_checkpoint_prefix(p)
     if prefix is not None and OBJECT_GRAPH_KEY in tf.train.load_checkpoint(prefix).get_variable_to_shape_map():

@@ -1,8 +1,10 @@
 """Export a trained model for use elsewhere: a Hugging Face folder, or Google's original TF checkpoint.
 
 Both formats start from one dict of weights under Google's BERT names (bert4keras's
-``variable_mapping``, as the import uses); the renaming both ways lives in :mod:`..train.weights`, so
-an export imports back unchanged. Neither writer needs torch, transformers or a TF1 session.
+``variable_mapping`` for a TensorFlow model, the ``state.npz`` names for a JAX run); the renaming both
+ways lives in :mod:`..train.weight_names`, so an export imports back unchanged and is the same whichever
+backend trained the model. Neither writer needs torch, transformers or a TF1 session; the Hugging Face
+export of a JAX run needs no TensorFlow at all.
 """
 
 from __future__ import annotations
@@ -12,18 +14,23 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..data.tokenization import load_tokenizer
 from ..environment import import_tensorflow
 from ..errors import UserInputError
+from ..jax_backend.state import is_jax_checkpoint, read_weights
 from ..train.bert_config import BertConfig
-from ..train.model import PretrainingModel
-from ..train.run_folder import RunFolder
-from ..train.weights import google_to_huggingface, google_weights, write_safetensors
+from ..train.checkpoints import find_checkpoint
+from ..train.run_folder import RunFolder, run_vocab_file
+from ..train.weight_names import google_to_huggingface, write_safetensors
 from . import FORMATS, HEADS
-from .rebuild import TrainedModel, load_trained_model
+
+if TYPE_CHECKING:  # the TensorFlow model; a JAX run exports without TensorFlow
+    from ..train.model import PretrainingModel
+    from .rebuild import TrainedModel
 
 tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
@@ -78,6 +85,15 @@ def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, mo
 
 def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
                        do_lower_case: bool = True, heads: str = "all", skip=()) -> Path:
+    """A Hugging Face folder of a TensorFlow model (see :func:`write_huggingface`)."""
+    from ..train.weights import google_weights
+
+    return write_huggingface(google_weights(pretraining, skip), pretraining.config, output_dir, vocab_file,
+                             do_lower_case, heads)
+
+
+def write_huggingface(google: dict[str, np.ndarray], config: BertConfig, output_dir: str | os.PathLike,
+                      vocab_file: str, do_lower_case: bool = True, heads: str = "all") -> Path:
     """A Hugging Face BERT folder; ``heads`` picks the class that loads it without missing/unused weights.
 
     ``all``: MLM head (+ pooler and NSP head if trained) for ``BertForPreTraining`` (``BertForMaskedLM``
@@ -88,7 +104,7 @@ def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathL
     """
     if heads not in HEADS:
         raise UserInputError(f"heads={heads!r}: choose one of {', '.join(HEADS)}.")
-    weights = google_to_huggingface(google_weights(pretraining, skip))
+    weights = google_to_huggingface(google)
     if heads == "mlm" and "cls.predictions.bias" not in weights:
         raise UserInputError("heads=mlm: this model has no trained MLM head; export heads=encoder.")
     if heads == "mlm":
@@ -105,8 +121,8 @@ def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathL
     def write(folder: Path) -> None:
         write_safetensors(folder / "model.safetensors", weights, {"format": "pt"})
         (folder / "config.json").write_text(
-            json.dumps(huggingface_config(pretraining.config, architecture), indent=2) + "\n")
-        write_tokenizer_files(folder, vocab_file, do_lower_case, pretraining.config.max_position_embeddings)
+            json.dumps(huggingface_config(config, architecture), indent=2) + "\n")
+        write_tokenizer_files(folder, vocab_file, do_lower_case, config.max_position_embeddings)
 
     return _write_folder(output_dir, write, "hf")
 
@@ -114,6 +130,8 @@ def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathL
 # -- Google's original TF checkpoint ------------------------------------------------------------------
 def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
     """A name-based TF checkpoint (``.index`` + ``.data``) with exactly these variable names, in eager mode."""
+    import tensorflow as tf
+
     names = sorted(weights)
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                       tensors=[tf.constant(weights[n], tf.float32) for n in names])
@@ -125,11 +143,23 @@ def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
 def export_tf_checkpoint(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
                          skip=()) -> Path:
     """``bert_model.ckpt``, ``bert_config.json`` and ``vocab.txt`` as in Google's BERT releases."""
-    weights = google_weights(pretraining, skip)
+    from ..train.weights import google_weights
+
+    return write_google_checkpoint(google_weights(pretraining, skip), pretraining.config, output_dir, vocab_file)
+
+
+def write_google_checkpoint(weights: dict[str, np.ndarray], config: BertConfig, output_dir: str | os.PathLike,
+                            vocab_file: str) -> Path:
+    """Google-named weights as ``bert_model.ckpt`` (written with TensorFlow), ``bert_config.json``, ``vocab.txt``."""
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        raise UserInputError("format=tf writes a TensorFlow checkpoint and needs TensorFlow (pip install tensorflow); "
+                             "format=hf needs only NumPy.") from None
 
     def write(folder: Path) -> None:
         write_tf_checkpoint(str(folder / "bert_model.ckpt"), weights)
-        pretraining.config.to_json_file(folder / "bert_config.json")
+        config.to_json_file(folder / "bert_config.json")
         shutil.copyfile(vocab_file, folder / "vocab.txt")
 
     return _write_folder(output_dir, write, "tf")
@@ -201,8 +231,38 @@ def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.P
             raise UserInputError(f"{source} is not a run folder: say where the export goes (--output).")
         output_dir = RunFolder(source).export_dir(format)
     check_export_destination(output_dir)  # before the slow work
+    jax_weights = None if trained else jax_run_checkpoint(source, checkpoint)
+    if jax_weights is not None:
+        return _export_jax_run(source, jax_weights, format, output_dir, heads)
+    from .rebuild import load_trained_model
+
     trained = trained or load_trained_model(source, checkpoint)
     if format == "hf":
         return export_huggingface(trained.pretraining, output_dir, trained.vocab_file, trained.do_lower_case, heads,
                                   skip=trained.untrained)
     return export_tf_checkpoint(trained.pretraining, output_dir, trained.vocab_file, skip=trained.untrained)
+
+
+def jax_run_checkpoint(source: str | os.PathLike, checkpoint: str | None = None) -> Path | None:
+    """The JAX checkpoint folder to export when ``source`` is a run trained by the JAX backend, else None."""
+    run = RunFolder(source)
+    if not run.is_run():
+        return None
+    if checkpoint and not str(checkpoint).isdigit():
+        folder = Path(checkpoint)
+        folder = folder if folder.is_dir() else folder.parent
+    elif run.checkpoints.is_dir():
+        folder = Path(find_checkpoint(run.checkpoints, int(checkpoint) if checkpoint else None).path)
+    else:
+        return None
+    return folder if is_jax_checkpoint(folder) else None
+
+
+def _export_jax_run(source, checkpoint: Path, format: str, output_dir, heads: str) -> Path:
+    """A JAX run's weights, read with NumPy from its checkpoint, through the same writers."""
+    run = RunFolder(source)
+    config, bert_config = run.read_config(), run.read_bert_config()
+    weights, vocab = read_weights(checkpoint), run_vocab_file(run, config)
+    if format == "hf":
+        return write_huggingface(weights, bert_config, output_dir, vocab, config.data.do_lower_case, heads)
+    return write_google_checkpoint(weights, bert_config, output_dir, vocab)

@@ -44,9 +44,10 @@ def tpu_environment():
 def run(arguments: list[str], curves: LiveCurves | None = None, refresh_seconds: float = 30.0) -> int:
     """``tpu-pretrain ARGUMENTS`` with the Python that has the TensorFlow stack, streamed; its exit code.
 
-    On a TPU VM that is the TPU environment's Python (with its own variables), elsewhere this kernel's.
+    On a TPU VM that is the TPU environment's Python (with its own variables), elsewhere, and for the JAX
+    backend (which uses the image's own JAX), this kernel's.
     """
-    if tpu_vm_present():
+    if tpu_vm_present() and "--backend=jax" not in arguments:
         from ..tpu_env import child_environment
 
         environment = tpu_environment()

@@ -15,7 +15,12 @@
 - ``run_folder``: the contract of a run folder; ``status``: where a run stands.
 """
 
-from ..environment import check_dependencies, import_tensorflow
+from importlib import util
 
-check_dependencies()  # TensorFlow, a matching tf-keras and the pinned bert4keras, or the command that installs them
-import_tensorflow()  # first, so that TensorFlow's C++ start-up noise is filtered whichever module comes next
+from ..environment import import_tensorflow
+
+# First, so that TensorFlow's C++ start-up noise is filtered whichever module comes next. Where TensorFlow is not
+# installed, the JAX backend still uses this package's TensorFlow-free modules (resolve, metrics, checkpoints);
+# the TensorFlow backend's modules say what to install (train.model checks the whole stack).
+if util.find_spec("tensorflow") is not None:
+    import_tensorflow()

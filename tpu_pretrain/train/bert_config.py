@@ -58,6 +58,15 @@ class BertConfig:
             raise UserInputError(f"bert_config_file {path} has no vocab_size; is it a BERT config?")
         return cls.from_dict(values)
 
+    def check_sequence_length(self, max_seq_length: int) -> None:
+        """Refuse shapes no backend can build: heads that do not split the width, sequences beyond the positions."""
+        if self.hidden_size % self.num_attention_heads:
+            raise UserInputError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                                 f"{self.num_attention_heads}.")
+        if max_seq_length > self.max_position_embeddings:
+            raise UserInputError(f"max_seq_length {max_seq_length} is above the model's max_position_embeddings "
+                                 f"{self.max_position_embeddings}.")
+
     def to_json_file(self, path: str | os.PathLike) -> None:
         write_text_atomic(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
@@ -109,3 +118,17 @@ def resolve_bert_config(*, model_size: str = "", bert_config_file: str = "", ini
     if hidden_dropout_prob >= 0:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = hidden_dropout_prob
     return config
+
+
+def training_flops_per_sequence(config: BertConfig, seq: int, pred: int) -> float:
+    """Model FLOPs of one training sequence (multiply-add = 2; backward = 2 x forward, so 3 x forward).
+
+    forward = L * (T * (8 H^2 + 4 H I) + 4 T^2 H)   encoder: Q, K, V, O and FFN matmuls, QK^T and AV
+            + P * (2 H^2 + 2 H V)                   MLM head at the P masked positions (tied output)
+            + 2 H^2 + 4 H                           pooler and NSP
+    """
+    layers, hidden, inner, vocab = (config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                                    config.vocab_size)
+    forward = layers * (seq * (8 * hidden**2 + 4 * hidden * inner) + 4 * seq**2 * hidden)
+    forward += pred * (2 * hidden**2 + 2 * hidden * vocab) + 2 * hidden**2 + 4 * hidden
+    return 3.0 * forward

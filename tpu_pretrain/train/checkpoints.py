@@ -1,9 +1,10 @@
 """Checkpoints that survive disconnects: atomic local writes, verified restore, pruning.
 
-A checkpoint is a folder ``checkpoints/ckpt-000001000/`` holding TensorFlow's files and a
-``checkpoint.json`` that lists each file's size and CRC32C. It is written under a temporary name and
-renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a reader never
-sees half a checkpoint. On start, the newest checkpoint whose files match their recorded sizes and
+A checkpoint is a folder ``checkpoints/ckpt-000001000/`` holding a backend's state files (TensorFlow's
+``state.index``/``state.data-*``, or the JAX backend's ``state.npz``: a :class:`CheckpointState` writes
+and reads them) and a ``checkpoint.json`` that lists each file's size and CRC32C. It is written under a
+temporary name and renamed when complete, and ``checkpoints/latest`` (the pointer) is written last, so a
+reader never sees half a checkpoint. On start, the newest checkpoint whose files match their recorded sizes and
 checksums is restored (fetched from the mirror first when the mirror's is newer: see :mod:`.mirror`).
 A damaged checkpoint (a truncated, missing or altered file) is never overwritten or pruned: when an
 older whole one exists, training falls back to it and the damaged ones are moved to
@@ -69,6 +70,39 @@ class CheckpointInfo:
     @property
     def tf_prefix(self) -> str:
         return os.path.join(self.path, TF_PREFIX)
+
+
+class CheckpointState(Protocol):
+    """What a backend checkpoints: its files written into a folder, read back, and their size beforehand.
+
+    ``read`` raises ValueError when the files do not fit the model being built, any other exception
+    when they cannot be read at all.
+    """
+
+    def write(self, folder: Path) -> None: ...
+
+    def read(self, folder: Path) -> None: ...
+
+    def estimated_bytes(self) -> int: ...
+
+
+class TensorFlowState:
+    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's :class:`CheckpointState`."""
+
+    def __init__(self, checkpoint):
+        self.checkpoint = checkpoint
+
+    def write(self, folder: Path) -> None:
+        self.checkpoint.write(str(folder / TF_PREFIX))
+
+    def read(self, folder: Path) -> None:
+        try:
+            self.checkpoint.read(str(folder / TF_PREFIX)).assert_existing_objects_matched()
+        except AssertionError as exc:
+            raise ValueError(str(exc)) from None
+
+    def estimated_bytes(self) -> int:
+        return estimate_bytes(self.checkpoint)
 
 
 class Mirror(Protocol):
@@ -150,7 +184,10 @@ class CheckpointManager:
 
     def __init__(self, directory: str | os.PathLike, checkpoint, *, keep_max: int = 5, mirror: Mirror | None = None,
                  safety_margin: int = SAFETY_MARGIN):
+        """``checkpoint``: a :class:`CheckpointState`, or a ``tf.train.Checkpoint`` (wrapped in one)."""
         self.directory = Path(directory)
+        if checkpoint is not None and not hasattr(checkpoint, "estimated_bytes"):
+            checkpoint = TensorFlowState(checkpoint)
         self.checkpoint = checkpoint
         self.keep_max = keep_max
         self.mirror = mirror
@@ -161,7 +198,7 @@ class CheckpointManager:
         """Write the checkpoint for ``step`` atomically, prune old ones, and start mirroring it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
-        needed = estimate_bytes(self.checkpoint)
+        needed = self.checkpoint.estimated_bytes()
         self._check_space(step, needed)
         name = checkpoint_name(step)
         final = self.directory / name
@@ -201,9 +238,9 @@ class CheckpointManager:
                 "old files) and start again: training resumes from the newest checkpoint, which is intact.")
 
     def _write(self, folder: Path, step: int, metadata: dict) -> dict:
-        """TensorFlow's files, then the manifest of their sizes and checksums, each synced to disk."""
+        """The backend's files, then the manifest of their sizes and checksums, each synced to disk."""
         folder.mkdir()
-        self.checkpoint.write(str(folder / TF_PREFIX))
+        self.checkpoint.write(folder)
         files = {}
         for path in sorted(folder.iterdir()):
             files[path.name] = {"bytes": path.stat().st_size, "crc32c": crc32c_file(path)}
@@ -271,14 +308,14 @@ class CheckpointManager:
         restored = None
         for info in whole:
             try:
-                self.checkpoint.read(info.tf_prefix).assert_existing_objects_matched()
-            except (ValueError, AssertionError) as exc:
+                self.checkpoint.read(Path(info.path))
+            except ValueError as exc:
                 raise CheckpointError(
                     f"Checkpoint {info.path} does not fit the model being built ({str(exc).splitlines()[0]}). "
                     "The run's configuration changed in a way that changes the model; use a new output_dir."
                 ) from None
             except Exception as exc:  # unreadable despite matching checksums
-                damaged.append((info, f"TensorFlow cannot read it ({str(exc).splitlines()[0]})"))
+                damaged.append((info, f"it cannot be read ({str(exc).splitlines()[0]})"))
                 continue
             restored = info
             break

@@ -1,11 +1,14 @@
 """``train()``: resume, train until the next boundary, do the boundary's work (log, evaluate, save), stop.
 
-Checkpoints are saved every ``save_checkpoints_steps``, at the end, and before stopping for the
-session deadline or SIGTERM/SIGINT; starting again in the same folder continues exactly: the same
-weights, optimizer state, step, input position and dropout masks, so the run neither repeats nor
-skips an example. One process trains in a run folder at a time (:mod:`.run_lock`). A loss, weight or
-optimizer moment that is no longer finite stops training with :class:`TrainingDiverged` before anything
-is saved, so the last good checkpoint stays the newest.
+The loop is the same for both backends: it drives a :class:`Trainer` (TensorFlow's
+:class:`.trainer.Trainer` or :class:`..jax_backend.trainer.JaxTrainer`), which owns the model, the
+optimizer, the input and the state a checkpoint holds. Checkpoints are saved every
+``save_checkpoints_steps``, at the end, and before stopping for the session deadline or SIGTERM/SIGINT;
+starting again in the same folder continues exactly: the same weights, optimizer state, step, input
+position and dropout masks, so the run neither repeats nor skips an example. One process trains in a
+run folder at a time (:mod:`.run_lock`). A loss, weight or optimizer moment that is no longer finite
+stops training with :class:`TrainingDiverged` before anything is saved, so the last good checkpoint
+stays the newest.
 """
 
 from __future__ import annotations
@@ -17,22 +20,59 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-
-import tensorflow as tf
+from typing import Protocol
 
 from ..config import Config
 from ..errors import UserInputError
 from ..formatting import hms
 from ..storage.local import check_writable_folder
-from .checkpoints import CheckpointManager
+from .bert_config import BertConfig
+from .checkpoints import CheckpointManager, CheckpointState
+from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
 from .run_folder import RunFolder, run_identity
 from .run_lock import RunLock
 from .session import SessionGuard, session_deadline
-from .trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What the loop needs of a backend's trainer."""
+
+    config: Config
+    bert_config: BertConfig
+    data: object  # the data folder's DataInfo
+    vocab_file: str  # the vocab it trains with (copied into the run folder)
+    steps_per_execution: int
+    example_ids: list[tuple[int, list[int]]]
+
+    @property
+    def step(self) -> int: ...
+
+    def start_input(self, step: int) -> None: ...
+
+    def train_steps(self, steps: int) -> dict: ...
+
+    def evaluate(self) -> dict | None: ...
+
+    def learning_rate(self) -> float: ...
+
+    def schedule_config(self) -> dict: ...
+
+    def resume_schedule(self, recorded: dict | None) -> None: ...
+
+    def checkpoint_state(self) -> CheckpointState: ...
+
+    def describe(self) -> str: ...
+
+    def weights_finite(self) -> bool: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -86,24 +126,6 @@ class Throughput:
         return self.steps / self.seconds if self.seconds else self.last_rate
 
 
-class ScalarLog:
-    """TensorBoard scalars for the train and eval curves (``tf.summary.write``: no tensorboard package)."""
-
-    def __init__(self, run: RunFolder):
-        self.writers = {split: tf.summary.create_file_writer(str(run.logs / split)) for split in ("train", "eval")}
-
-    def write(self, split: str, metrics: dict, step: int) -> None:
-        from tensorflow.core.framework import summary_pb2
-
-        metadata = summary_pb2.SummaryMetadata()
-        metadata.plugin_data.plugin_name = "scalars"
-        writer = self.writers[split]
-        with writer.as_default(step=step):
-            for key, value in metrics.items():
-                tf.summary.write(key, tf.constant(float(value), tf.float32), metadata=metadata)
-        writer.flush()
-
-
 class TrainingDiverged(UserInputError):
     """The loss or the weights are no longer finite; nothing was saved after the last good checkpoint."""
 
@@ -123,8 +145,24 @@ def train(config: Config | None = None, *, progress: bool | None = None, set_asi
     if not output_dir:
         raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
     check_writable_folder(output_dir)
-    return run_training(Trainer(config), output_dir, progress=progress,
+    return run_training(make_trainer(config), output_dir, progress=progress,
                         set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
+
+
+def make_trainer(config: Config) -> Trainer:
+    """The trainer of the configured backend (``auto``: :func:`..backend.choose_backend` decides)."""
+    from ..backend import choose_backend
+
+    backend, reason = choose_backend(config.train.backend)
+    log.info("Training backend: %s (%s).", backend, reason)
+    config.train.backend = backend  # the run records the backend it was trained with
+    if backend == "jax":
+        from ..jax_backend.trainer import JaxTrainer
+
+        return JaxTrainer(config)
+    from .trainer import Trainer as TensorFlowTrainer
+
+    return TensorFlowTrainer(config)
 
 
 def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None,
@@ -165,6 +203,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     finally:
         guard.close()
         bar.close()
+        trainer.close()
         if mirror is not None:
             if not mirror.wait(timeout=600):
                 log.warning("The checkpoint mirror %s is behind: %s", mirror.url, mirror.error)
@@ -178,7 +217,8 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
-                           "train_seconds": throughput.train_seconds, "accelerator": trainer.accelerator.describe()})
+                           "train_seconds": throughput.train_seconds, "accelerator": trainer.describe()})
+    scalars.close()
     return result
 
 
@@ -192,8 +232,8 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
 
         drive.ensure_drive_ready(s.mirror_dir, mount=s.mount_drive)
         mirror = CheckpointMirror(run, s.mirror_dir, keep_max=s.keep_checkpoint_max, options=s.transfer_options())
-    checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
-    return CheckpointManager(run.checkpoints, checkpoint, keep_max=s.keep_checkpoint_max, mirror=mirror), mirror
+    return CheckpointManager(run.checkpoints, trainer.checkpoint_state(), keep_max=s.keep_checkpoint_max,
+                             mirror=mirror), mirror
 
 
 def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_aside_damaged: bool) -> float:
@@ -244,7 +284,7 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
             raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
                             "steps_per_second": throughput.steps_per_second, "saved_at": time.time(),
-                            "lr_schedule": trainer.schedule.get_config()})
+                            "lr_schedule": trainer.schedule_config()})
     if not stopping:
         return None
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "
@@ -257,7 +297,7 @@ def _check_finite(trainer: Trainer, manager: CheckpointManager, metrics: dict, f
     weights went with it; loss scaling skips an overflowing step on its own)."""
     if math.isfinite(metrics["loss"]):
         return
-    if trainer.accelerator.precision == "float16" and trainer.weights_finite():
+    if trainer.precision == "float16" and trainer.weights_finite():
         log.warning("Steps %d-%d: the loss overflowed float16; loss scaling skipped those updates.", first + 1, last)
         return
     raise _diverged(trainer, manager, last, f"a loss of {metrics['loss']} in steps {first + 1}-{last}")
@@ -272,7 +312,7 @@ def _diverged(trainer: Trainer, manager: CheckpointManager, step: int, what: str
         f"Training diverged at step {step}: {what}. {kept} Lower --learning_rate (now {t.learning_rate:g}), "
         f"lengthen --num_warmup_steps (now {t.num_warmup_steps}), clip gradients with --clip_norm (now "
         f"{t.clip_norm:g}; 1.0 is BERT's), or train in --mixed_precision float32 (now "
-        f"{trainer.accelerator.precision}); then run train again: it resumes from the newest checkpoint.")
+        f"{trainer.precision}); then run train again: it resumes from the newest checkpoint.")
 
 
 def _evaluate(trainer: Trainer, scalars: ScalarLog, step: int, label: str) -> dict | None:

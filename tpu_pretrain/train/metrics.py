@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 
-import tensorflow as tf
-
 STAT_KEYS = ("mlm_loss_sum", "mlm_weight", "mlm_correct", "nsp_loss_sum", "nsp_correct", "examples")
 
 
 def pretraining_stats(outputs, batch: dict, with_nsp: bool) -> dict:
-    """Summed statistics of a batch from the model's ``[mlm_logits(, nsp_logits)]`` (float32 math)."""
+    """Summed statistics of a batch from the model's ``[mlm_logits(, nsp_logits)]`` (float32 math).
+
+    The TensorFlow form; :mod:`..jax_backend.trainer` states the same sums in ``jax.numpy``.
+    """
+    import tensorflow as tf
+
     outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
     labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
     logits = tf.cast(outputs[0], tf.float32)

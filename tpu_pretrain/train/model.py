@@ -12,17 +12,25 @@ trainer opens with :func:`dropout_seed`: a resumed run drops exactly what an uni
 
 from __future__ import annotations
 
+import sys
 import threading
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from ..environment import EnvironmentSetupError, check_dependencies
+
+check_dependencies()  # before bert4keras: a missing or mismatched install is named with its fix
+if getattr(sys.modules.get("keras"), "__version__", "2").startswith("3"):
+    raise EnvironmentSetupError("Keras 3 (the JAX backend's) is already loaded in this process, and bert4keras needs "
+                                "the name keras for tf-keras: use the TensorFlow backend in a new Python process "
+                                "(or restart the notebook kernel).")
 
 import tensorflow as tf
 from bert4keras.backend import align, attention_normalize
 from bert4keras.layers import Dense, Dropout, Embedding, Lambda, LayerNormalization, MultiHeadAttention, ScaleOffset
 from bert4keras.models import BERT
 
-from ..errors import UserInputError
 from .bert_config import BertConfig
 
 keras = tf.keras
@@ -172,12 +180,7 @@ class PretrainingModel:
 def build_pretraining_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,
                             with_nsp: bool = True) -> PretrainingModel:
     """Build (in the current strategy scope) BERT with static shapes, as TPUs need."""
-    if config.hidden_size % config.num_attention_heads:
-        raise UserInputError(f"hidden_size {config.hidden_size} is not a multiple of num_attention_heads "
-                             f"{config.num_attention_heads}.")
-    if max_seq_length > config.max_position_embeddings:
-        raise UserInputError(f"max_seq_length {max_seq_length} is above the model's max_position_embeddings "
-                             f"{config.max_position_embeddings}.")
+    config.check_sequence_length(max_seq_length)
     bert = PretrainingBERT(
         initializer_range=config.initializer_range,
         with_nsp_head=with_nsp,

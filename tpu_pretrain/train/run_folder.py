@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..config import RUN, Config, pinned_settings
+from ..config import RUN, Config, all_fields, pinned_settings
 from ..errors import UserInputError
 from ..storage.local import atomic_open, write_text_atomic
 from .bert_config import BertConfig
@@ -170,9 +170,11 @@ def run_identity(config: Config, bert_config: BertConfig, data_info) -> dict:
 
 def identity_differences(previous: dict, identity: dict) -> list[str]:
     differences = []
+    fields = all_fields()
     for key, value in identity["settings"].items():
-        if previous["settings"].get(key) != value:
-            differences.append(f"{key}: {previous['settings'].get(key)!r} in the run, {value!r} now")
+        before = previous["settings"].get(key, fields[key].default)  # a setting newer than the run: its default
+        if before != value:
+            differences.append(f"{key}: {before!r} in the run, {value!r} now")
     for key, value in identity["model"].items():
         if previous["model"].get(key) != value:
             differences.append(f"model {key}: {previous['model'].get(key)!r} in the run, {value!r} now")
@@ -183,3 +185,16 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
             or old_data.get("train_instances") != new_data.get("train_instances")):
         differences.append("data_dir: different training shards")
     return differences
+
+
+def run_vocab_file(run: RunFolder, config: Config) -> str:
+    """The vocab a run trained with: the run's own copy (older runs: the configured file, else the data's)."""
+    candidates = [run.vocab_file]
+    if config.data.vocab_file:
+        candidates.append(Path(config.data.vocab_file))
+    if config.storage.data_dir:
+        candidates.append(Path(config.storage.data_dir) / "vocab.txt")
+    for path in candidates:
+        if path.is_file():
+            return str(path)
+    raise UserInputError(f"No vocab.txt for run {run.path}: looked at {', '.join(map(str, candidates))}.")

@@ -9,80 +9,32 @@ its order a pure function of (seed, records consumed), and dropout draws its mas
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
-import os
 
 import tensorflow as tf
 
 from ..config import Config
-from ..data.data_folder import DataInfo, check_token_ids, damaged_shards, read_data_info
-from ..data.vocab import load_vocab, vocab_sha256
+from ..data.data_folder import DataInfo, damaged_shards, read_data_info
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
-from .bert_config import BertConfig, resolve_bert_config
+from .bert_config import BertConfig
+from .checkpoints import TensorFlowState
 from .input import DynamicMasking, distributed_dataset
 from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
 from .model import build_pretraining_model, dropout_seed
-from .optimization import WarmupStableDecay, auto_warmup_steps, cooldown_start, create_optimizer
+from .optimization import WarmupStableDecay, cooldown_start, create_optimizer
+from .resolve import (
+    check_batch_split,
+    check_data_fills_a_batch,
+    eval_batch_size,
+    resolve_config,
+    run_bert_config,
+    run_vocab_file,
+)
 from .weights import load_init_checkpoint
 
 log = logging.getLogger(__name__)
 SUM = tf.distribute.ReduceOp.SUM
-
-
-def resolve_config(config: Config, data: DataInfo) -> Config:
-    """A copy of ``config`` completed from the data's shapes and NSP (the caller's is not changed).
-
-    ``vocab_file`` stays as the user set it: the run records no path of this machine's data folder, which a
-    resumed run on another machine would otherwise read (:func:`vocab_file` resolves the one to use).
-    """
-    resolved = copy.deepcopy(config)
-    for key, value in (("max_seq_length", data.max_seq_length),
-                       ("max_predictions_per_seq", data.max_predictions_per_seq)):
-        if config.get(key) != value:
-            log.info("Using the data's %s=%s (configuration had %s).", key, value, config.get(key))
-            resolved.set(key, value)
-    if data.settings.get("no_nsp"):
-        resolved.data.no_nsp = True
-    if config.data.vocab_file and not os.path.isfile(config.data.vocab_file):
-        raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
-    if config.data.vocab_file:
-        _check_same_vocab(config.data.vocab_file, data)
-    t = resolved.train
-    if t.num_warmup_steps < 0:
-        t.num_warmup_steps = auto_warmup_steps(t.num_train_steps)
-        log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
-                 "choose).", t.num_warmup_steps, t.num_train_steps)
-    return resolved
-
-
-def vocab_file(config: Config, data: DataInfo) -> str:
-    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither)."""
-    return config.data.vocab_file or data.vocab_file or ""
-
-
-def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
-    """Refuse a vocab other than the data's, compared token by token (same size, other order: other words)."""
-    tokens = load_vocab(vocab_file)
-    if data.vocab_file:
-        theirs = load_vocab(data.vocab_file)
-        if tokens == theirs:
-            return
-        line = next((i for i, (a, b) in enumerate(zip(tokens, theirs, strict=False)) if a != b),
-                    min(len(tokens), len(theirs)))
-        ours = tokens[line] if line < len(tokens) else "(end of file)"
-        other = theirs[line] if line < len(theirs) else "(end of file)"
-        detail = f"line {line + 1} is {ours!r} here and {other!r} in the data's {data.vocab_file}"
-    elif data.vocab_sha256 and vocab_sha256(vocab_file) != data.vocab_sha256:
-        detail = "its checksum differs from the one in the data's manifest"
-    elif data.vocab_size and len(tokens) != data.vocab_size:
-        detail = f"it has {len(tokens)} tokens, the data's vocab {data.vocab_size}"
-    else:
-        return
-    raise UserInputError(f"vocab_file {vocab_file} is not the vocab the data in {data.data_dir} was made with "
-                         f"({detail}): the token ids would mean other words. Leave vocab_file unset to use the "
-                         "data's own vocab.")
 
 
 @contextlib.contextmanager
@@ -107,29 +59,16 @@ class Trainer:
         self.data: DataInfo = read_data_info(config.storage.data_dir)
         self.warmup_was_auto = config.train.num_warmup_steps < 0
         self.config = config = resolve_config(config, self.data)
-        t, m = config.train, config.model
-        if self.data.train_instances is not None and self.data.train_instances < t.train_batch_size:
-            raise UserInputError(
-                f"The data in {self.data.data_dir} holds {self.data.train_instances} training instances, fewer than "
-                f"one batch (train_batch_size={t.train_batch_size}): make more data (more text, a higher "
-                "dupe_factor) or use a smaller train_batch_size.")
+        t = config.train
+        check_data_fills_a_batch(t, self.data)
         self.accelerator = accelerator or detect_accelerator(
             t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
         self.strategy = self.accelerator.strategy
         replicas = self.accelerator.num_replicas
-        k = t.gradient_accumulation_steps
-        if t.train_batch_size % (replicas * k):
-            raise UserInputError(
-                f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
-                f"gradient_accumulation_steps ({k}) = {replicas * k}.")
+        check_batch_split(t, replicas)
         self.with_nsp = not config.data.no_nsp
-        self.vocab_file = vocab_file(config, self.data)
-        vocab_size = len(load_vocab(self.vocab_file)) if self.vocab_file else self.data.vocab_size
-        self.bert_config: BertConfig = resolve_bert_config(
-            model_size=m.model_size, bert_config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
-            vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
-            hidden_dropout_prob=m.hidden_dropout_prob)
-        check_token_ids(self.data, self.bert_config.vocab_size)
+        self.vocab_file = run_vocab_file(config, self.data)
+        self.bert_config: BertConfig = run_bert_config(config, self.data)
         self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
         self.example_ids: list[tuple[int, list[int]]] = []
         self.init_report = None
@@ -155,7 +94,7 @@ class Trainer:
                 self.init_report = load_init_checkpoint(self.pretraining, self.config.model.init_checkpoint)
             self.optimizer = self._create_optimizer()
         self.train_dataset = self.train_iterator = None  # opened at the (restored) step by start_input()
-        self.eval_batch_size = self._eval_batch_size()
+        self.eval_batch_size = eval_batch_size(t, self.data, self.accelerator.num_replicas)
         self.eval_dataset = None
         if self.eval_batch_size:
             self.eval_dataset = distributed_dataset(
@@ -198,19 +137,6 @@ class Trainer:
             shuffle_buffer_size=t.shuffle_buffer_size, masking=self._dynamic_masking(),
             start_record=step * t.train_batch_size, records_per_epoch=self.data.train_instances)
         self.train_iterator = iter(self.train_dataset)
-
-    def _eval_batch_size(self) -> int:
-        if not self.data.eval_files:
-            return 0
-        replicas = self.accelerator.num_replicas
-        size = self.config.train.eval_batch_size or self.config.train.train_batch_size
-        if self.data.eval_instances is not None:
-            size = min(size, self.data.eval_instances)
-        size -= size % replicas
-        if not size:
-            log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.",
-                        self.data.eval_instances, replicas)
-        return size
 
     # -- compiled steps ----------------------------------------------------------------------------
     def _forward_stats(self, batch, global_weight, global_examples, training: bool):
@@ -333,8 +259,12 @@ class Trainer:
 
     @property
     def schedule(self):
-        """The learning-rate schedule; its ``get_config()`` goes into every checkpoint's metadata."""
+        """The learning-rate schedule (a Keras ``LearningRateSchedule``)."""
         return self._inner_optimizer()._learning_rate
+
+    def schedule_config(self) -> dict:
+        """What every checkpoint's metadata records of the schedule, for :meth:`resume_schedule`."""
+        return self.schedule.get_config()
 
     def resume_schedule(self, recorded: dict | None) -> None:
         """Continue the schedule a checkpoint recorded: the same automatic warmup, and a wsd cool-down
@@ -349,3 +279,17 @@ class Trainer:
             if change:
                 log.warning("Learning rate: %s.", change)
             log.info("Learning rate: %s.", schedule.describe())
+
+    def checkpoint_state(self) -> TensorFlowState:
+        """Model and optimizer (with its step) in TensorFlow's checkpoint format."""
+        return TensorFlowState(tf.train.Checkpoint(model=self.model, optimizer=self.optimizer))
+
+    @property
+    def precision(self) -> str:
+        return self.accelerator.precision
+
+    def describe(self) -> str:
+        return f"TensorFlow, {self.accelerator.describe()}"
+
+    def close(self) -> None:
+        """Nothing to release: tf.data stops with its iterator."""

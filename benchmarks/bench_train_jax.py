@@ -1,0 +1,140 @@
+"""Training throughput of the JAX backend: sequences/s and model FLOPs utilisation (MFU), and input speed.
+
+Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256] [--steps 20]
+           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--peak_tflops 989]
+
+Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
+NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
+and its input pipeline. FLOPs per sequence:
+:func:`tpu_pretrain.train.bert_config.training_flops_per_sequence`.
+MFU is stated against (1) ``--peak_tflops`` if given, else the accelerator's published dense peak for the
+precision when the device is known, and (2) a large matmul in the training precision measured here.
+The input pipeline is timed alone too: it must produce sequences faster than the step consumes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import numpy as np  # noqa: E402
+
+from tpu_pretrain.config import Config  # noqa: E402
+from tpu_pretrain.data.data_folder import shard_name  # noqa: E402
+from tpu_pretrain.data.tfrecord import AtomicRecordWriter, encode_examples  # noqa: E402
+from tpu_pretrain.train.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
+
+# Published dense peaks per device, TFLOP/s: (bfloat16, float32 or TF32 as XLA uses it).
+PEAKS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0), "L4": (121.0, 60.0),
+         "TPU v5 lite": (197.0, 197.0), "TPU v5e": (197.0, 197.0), "TPU v4": (275.0, 275.0),
+         "TPU v3": (61.5, 61.5), "TPU v2": (22.5, 22.5)}
+
+
+def write_random_shards(folder: str, n: int, seq: int, pred: int, vocab: int) -> None:
+    rng = np.random.default_rng(0)
+    positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), pred, replace=False) for _ in range(n)]), 1)
+    batch = {"input_ids": rng.integers(5, vocab, (n, seq)), "input_mask": np.ones((n, seq), np.int64),
+             "segment_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int64).repeat(n, 0),
+             "masked_lm_positions": positions, "masked_lm_ids": rng.integers(5, vocab, (n, pred)),
+             "masked_lm_weights": np.ones((n, pred), np.float32), "next_sentence_labels": rng.integers(0, 2, (n, 1))}
+    writer = AtomicRecordWriter(os.path.join(folder, shard_name("train", 0, 1)))
+    writer.write_all(encode_examples(batch))
+    writer.close()
+    manifest = {"settings": {"max_seq_length": seq, "max_predictions_per_seq": pred}, "vocab_size": vocab,
+                "vocab_sha256": "", "inputs": [], "corpus_report": "random", "shards": [
+                    {"file": shard_name("train", 0, 1), "split": "train", "instances": n}]}
+    with open(os.path.join(folder, "manifest.json"), "w") as handle:
+        json.dump(manifest, handle)
+
+
+def measured_peak(dtype: str, n: int) -> float:
+    """FLOP/s of an n x n matmul chain in ``dtype`` on the default device (the practical peak)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), dtype) * 0.01
+    f = jax.jit(lambda x: jnp.sum(x @ x @ x @ x).astype(jnp.float32))
+    f(a).block_until_ready()
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 2.0:
+        f(a).block_until_ready()
+        runs += 1
+    return 3 * 2.0 * n**3 * runs / (time.perf_counter() - start)
+
+
+def published_peak(device, precision: str) -> float | None:
+    kind = getattr(device, "device_kind", "")
+    for name, (bf16, fp32) in PEAKS.items():
+        if name.lower() in kind.lower():
+            return 1e12 * (bf16 if precision == "bfloat16" else fp32)
+    return None
+
+
+def input_rate(trainer, batches: int) -> float:
+    """Sequences/s the input pipeline delivers alone (reading, decoding, batching)."""
+    trainer.start_input(0)
+    next(trainer.train_batches)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(trainer.train_batches)
+    return batches * trainer.config.train.train_batch_size / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model_size", default="L12-H768")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--pred", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps (a multiple of steps_per_execution)")
+    parser.add_argument("--steps_per_execution", type=int, default=1)
+    parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
+    parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak to state MFU against")
+    parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
+    args = parser.parse_args()
+
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    cfg = bert_config_for_size(args.model_size, args.vocab)
+    flops = training_flops_per_sequence(cfg, args.seq, args.pred)
+    with tempfile.TemporaryDirectory() as folder:
+        write_random_shards(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
+        config = Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
+                             train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
+                             mixed_precision=args.precision, steps_per_execution=args.steps_per_execution)
+        start = time.perf_counter()
+        trainer = JaxTrainer(config)
+        trainer.train_steps(args.steps_per_execution)
+        first = time.perf_counter() - start
+        trainer.train_steps(args.steps_per_execution)
+        start = time.perf_counter()
+        trainer.train_steps(args.steps)
+        rate = args.steps * args.batch / (time.perf_counter() - start)
+        feed = input_rate(trainer, max(4, args.steps))
+        trainer.close()
+    devices = trainer.devices
+    dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"
+    size = args.matmul_size or (2048 if devices.kind == "cpu" else 8192)
+    measured = measured_peak(dtype, size)
+    peak = args.peak_tflops * 1e12 or published_peak(devices.devices[0], devices.precision)
+    print(f"device: {devices.describe()} ({getattr(devices.devices[0], 'device_kind', '?')}); model "
+          f"{args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}: "
+          f"{flops / 1e9:.2f} GFLOP per training sequence")
+    print(f"training: {rate:.1f} sequences/s ({rate * flops / 1e12:.2f} TFLOP/s); first call {first:.1f} s")
+    print(f"MFU vs a {size}^3 {dtype} matmul measured here ({measured / 1e12:.2f} TFLOP/s): "
+          f"{rate * flops / measured:.1%}")
+    if peak:
+        print(f"MFU vs the peak {peak / 1e12:.0f} TFLOP/s: {rate * flops / peak:.1%} (aim >= 40% on an accelerator)")
+    print(f"input alone: {feed:.0f} sequences/s ({feed / rate:.1f}x what training consumed)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Which training backend a runtime gets, and a run that stays on the backend that started it."""
+
+import pytest
+
+from tpu_pretrain import backend
+from tpu_pretrain.config import Config
+from tpu_pretrain.errors import UserInputError
+from tpu_pretrain.train.bert_config import bert_config_for_size
+from tpu_pretrain.train.run_folder import RunFolder, run_identity
+
+
+def fake_runtime(monkeypatch, installed: dict, tpu_vm: bool):
+    monkeypatch.setattr(backend, "installed_version", lambda *names: next(
+        (installed[n] for n in names if n in installed), None))
+    monkeypatch.setattr(backend, "tpu_vm_present", lambda: tpu_vm)
+
+
+FULL_TF = {"tensorflow": "2.21.0", "tf-keras": "2.21.0", "bert4keras": "0.11.5"}
+JAX = {"jax": "0.10.2", "keras": "3.15.1"}
+
+
+@pytest.mark.parametrize("installed,tpu_vm,expected", [
+    ({**FULL_TF, **JAX}, False, "tensorflow"),  # a GPU/CPU machine with both: the first path
+    ({**JAX}, True, "jax"),  # Colab's TPU image: JAX, no TensorFlow
+    ({"tensorflow-cpu": "2.20.0", "tf-keras": "2.20.0", **JAX}, True, "jax"),  # Kaggle's: TF cannot see the TPU
+    ({"tensorflow-tpu": "2.19.1", "tf-keras": "2.19.0", "bert4keras": "0.11.5", **JAX}, True, "tensorflow"),
+    ({**JAX}, False, "jax"),  # no TensorFlow anywhere
+])
+def test_auto_picks_jax_where_tensorflow_cannot_use_the_machine(monkeypatch, installed, tpu_vm, expected):
+    fake_runtime(monkeypatch, installed, tpu_vm)
+    chosen, why = backend.choose_backend("auto")
+    assert chosen == expected and why
+
+
+def test_an_explicit_backend_that_is_not_installed_names_the_fix(monkeypatch):
+    fake_runtime(monkeypatch, FULL_TF, False)
+    with pytest.raises(UserInputError, match=r"tpu_pretrain\[jax\]"):
+        backend.choose_backend("jax")
+    fake_runtime(monkeypatch, JAX, False)
+    with pytest.raises(UserInputError, match="--backend jax"):
+        backend.choose_backend("tensorflow")
+
+
+def test_a_run_resumes_only_on_the_backend_that_started_it(tmp_path):
+    class Data:
+        train_instances, train_files, vocab_sha256 = 10, ["train-00000-of-00001.tfrecord"], None
+
+    bert = bert_config_for_size("L2-H128", 100)
+    run = RunFolder(tmp_path)
+    run.record_identity(run_identity(Config.load(backend="tensorflow"), bert, Data()))
+    run.check_can_resume(run_identity(Config.load(), bert, Data()))
+    with pytest.raises(UserInputError, match="backend: 'tensorflow' in the run, 'jax' now"):
+        run.check_can_resume(run_identity(Config.load(backend="jax"), bert, Data()))
+    legacy = run.identity_file.read_text().replace('"backend": "tensorflow",', "")  # a run from before the setting
+    assert legacy != run.identity_file.read_text()
+    run.identity_file.write_text(legacy)
+    run.check_can_resume(run_identity(Config.load(), bert, Data()))

@@ -1,0 +1,60 @@
+"""Which training backend this runtime uses: TensorFlow with bert4keras, or Keras 3 on JAX.
+
+The TensorFlow path is the project's first path. The JAX path is for runtimes whose images ship JAX with
+a working accelerator runtime but no usable TensorFlow: Colab's TPU image (Python 3.13, no TensorFlow)
+and Kaggle's (``tensorflow-cpu``, which cannot see the TPU). The choice reads installed distributions
+and the machine, and imports neither framework, so a notebook can make it before installing anything.
+"""
+
+from __future__ import annotations
+
+from .environment import BERT4KERAS_VERSION, installed_version
+from .errors import UserInputError
+from .runtime import tpu_vm_present
+
+TENSORFLOW, JAX, AUTO = "tensorflow", "jax", "auto"
+BACKENDS = (TENSORFLOW, JAX)
+# TensorFlow distributions that can drive a TPU (the plain and -cpu builds cannot).
+TPU_TENSORFLOW = ("tensorflow-tpu",)
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
+
+
+def tensorflow_installed() -> bool:
+    """TensorFlow, tf-keras and the pinned bert4keras are all installed (what the TensorFlow backend needs)."""
+    return bool(installed_version(*TENSORFLOW_DISTRIBUTIONS) and installed_version("tf-keras")
+                and installed_version("bert4keras") == BERT4KERAS_VERSION)
+
+
+def jax_installed() -> bool:
+    return bool(installed_version("jax") and installed_version("keras"))
+
+
+def choose_backend(requested: str = AUTO) -> tuple[str, str]:
+    """``(backend, why)`` for ``requested`` (``tensorflow``, ``jax`` or ``auto``) on this machine.
+
+    ``auto`` takes JAX on a TPU VM without a TPU build of TensorFlow (``tensorflow-tpu``), and wherever
+    TensorFlow, tf-keras or bert4keras is missing; TensorFlow otherwise. An explicit choice is checked
+    against what is installed, with the install command when something is missing.
+    """
+    if requested == JAX:
+        if not jax_installed():
+            raise UserInputError("backend=jax needs JAX and Keras 3: pip install 'tpu_pretrain[jax]' (or "
+                                 "pip install jax keras; on a TPU VM: pip install 'jax[tpu]' keras).")
+        return JAX, "requested"
+    if requested == TENSORFLOW:
+        if not tensorflow_installed():
+            raise UserInputError(
+                "backend=tensorflow needs TensorFlow, the matching tf-keras and bert4keras " + BERT4KERAS_VERSION
+                + " (make install, or pip install tensorflow tf-keras && pip install --no-deps bert4keras=="
+                + BERT4KERAS_VERSION + "); or train with --backend jax, which needs neither.")
+        return TENSORFLOW, "requested"
+    if requested != AUTO:
+        raise UserInputError(f"backend={requested!r}: choose tensorflow, jax or auto.")
+    if tpu_vm_present() and not installed_version(*TPU_TENSORFLOW) and jax_installed():
+        return JAX, "a TPU VM whose TensorFlow (if any) cannot use the TPU; JAX can, with no TensorFlow install"
+    if not tensorflow_installed() and jax_installed():
+        return JAX, "TensorFlow, tf-keras or bert4keras is not installed here; JAX and Keras 3 are"
+    if not tensorflow_installed():
+        raise UserInputError("Neither backend is installed: pip install 'tpu_pretrain[tensorflow]' or "
+                             "'tpu_pretrain[jax]'.")
+    return TENSORFLOW, "TensorFlow with bert4keras is installed and can use this machine"

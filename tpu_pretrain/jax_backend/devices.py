@@ -1,0 +1,83 @@
+"""The JAX devices to train on, the data-parallel mesh over them, and the precision to train in.
+
+Every local device is one data-parallel replica: the weights are replicated and each batch is split
+along its examples (8 cores on Kaggle's v5e-8, 1 chip on Colab's v5e-1, the logical CPU devices of
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` in tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..errors import UserInputError
+
+log = logging.getLogger(__name__)
+AXIS = "data"
+
+
+@dataclass
+class Devices:
+    """Where and how a JAX run trains."""
+
+    kind: str  # "tpu", "gpu" or "cpu"
+    devices: list
+    precision: str  # "float32" or "bfloat16"
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.devices)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(self.devices, (AXIS,))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def split(self, axis: int = 0) -> NamedSharding:
+        """Arrays split along ``axis`` (the examples) over the devices."""
+        return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), AXIS))
+
+    @property
+    def dtype_policy(self) -> str:
+        return "mixed_bfloat16" if self.precision == "bfloat16" else "float32"
+
+    def default_steps_per_execution(self) -> int:
+        return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
+
+    def describe(self) -> str:
+        return f"{self.kind.upper()}: {self.num_replicas} device(s), {self.precision}"
+
+
+def _supports_bfloat16(device) -> bool:
+    """TPUs and GPUs of compute capability 8.0+ (A100, L4, H100) compute bfloat16 natively; a T4 does not."""
+    if device.platform == "tpu":
+        return True
+    capability = getattr(device, "compute_capability", None)
+    try:
+        return device.platform == "gpu" and float(capability) >= 8.0
+    except (TypeError, ValueError):
+        return False
+
+
+def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
+    """The local devices of ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in."""
+    kind = jax.default_backend() if requested == "auto" else requested
+    try:
+        devices = jax.local_devices(backend=kind)
+    except RuntimeError:
+        raise UserInputError(f"accelerator={requested}: JAX sees no {kind.upper()} here (its devices: "
+                             f"{jax.devices()}). On a TPU VM install the TPU build: pip install 'jax[tpu]'; on a GPU: "
+                             "pip install 'jax[cuda12]'. Or use --accelerator auto.") from None
+    if precision == "auto":
+        precision = "bfloat16" if all(_supports_bfloat16(d) for d in devices) and kind != "cpu" else "float32"
+    if precision == "float16":
+        raise UserInputError("mixed_precision=float16 is not offered by the JAX backend (it needs loss scaling): use "
+                             "bfloat16 (TPUs, GPUs from the A100 on) or float32.")
+    result = Devices(kind, list(devices), precision)
+    log.info("JAX devices: %s", result.describe())
+    return result

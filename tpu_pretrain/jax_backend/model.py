@@ -1,0 +1,195 @@
+"""BERT for pretraining in Keras 3 layers: the TensorFlow backend's model, layer for layer.
+
+Post-LayerNorm BERT (embeddings summed and normalised, then self-attention and feed-forward blocks each
+followed by a residual LayerNorm), the MLM head computed only at the masked positions and tied to the
+token embeddings, and an optional NSP head: the shape of :mod:`..train.model` and of Google's BERT, so
+weights move between the backends by Google's checkpoint names (:func:`google_variables`). Every weight
+matrix gets its own truncated-normal draw. keras-hub's BERT layers are not used: keras-hub requires
+``tensorflow-text``, which brings TensorFlow back in.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import select_keras_backend
+
+select_keras_backend()
+
+import keras  # noqa: E402
+from keras import ops  # noqa: E402
+
+from ..train.bert_config import BertConfig  # noqa: E402
+from ..train.weight_names import NSP_WEIGHTS  # noqa: E402
+
+MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
+
+
+def activation(name: str):
+    """BERT's activation names: ``gelu`` is the exact (erf) GELU, as in Google's BERT and bert4keras."""
+    if name == "gelu":
+        return lambda x: keras.activations.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
+        return lambda x: keras.activations.gelu(x, approximate=True)
+    return keras.activations.get(name)
+
+
+class _Factory:
+    """Layers with BERT's initialisers and the run's dtype policy; a new initializer for every weight."""
+
+    def __init__(self, config: BertConfig, dtype):
+        self.stddev, self.dtype = config.initializer_range, dtype
+
+    def init(self):
+        return keras.initializers.TruncatedNormal(stddev=self.stddev)
+
+    def dense(self, units: int, name: str, activation=None):
+        return keras.layers.Dense(units, activation=activation, kernel_initializer=self.init(), name=name,
+                                  dtype=self.dtype)
+
+    def norm(self, name: str):
+        return keras.layers.LayerNormalization(epsilon=1e-12, name=name, dtype=self.dtype)
+
+    def embedding(self, rows: int, width: int, name: str):
+        return keras.layers.Embedding(rows, width, embeddings_initializer=self.init(), name=name, dtype=self.dtype)
+
+    def dropout(self, rate: float):
+        return keras.layers.Dropout(rate, dtype=self.dtype)
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Self-attention and feed-forward, each followed by dropout, the residual and LayerNorm (post-LN)."""
+
+    def __init__(self, config: BertConfig, make: _Factory, **kwargs):
+        super().__init__(dtype=make.dtype, **kwargs)
+        h = config.hidden_size
+        self.heads = config.num_attention_heads
+        self.query, self.key, self.value = (make.dense(h, n) for n in ("query", "key", "value"))
+        self.attention_output = make.dense(h, "attention_output")
+        self.attention_norm = make.norm("attention_norm")
+        self.intermediate = make.dense(config.intermediate_size, "intermediate", activation(config.hidden_act))
+        self.output_dense = make.dense(h, "output")
+        self.output_norm = make.norm("output_norm")
+        self.attention_dropout = make.dropout(config.attention_probs_dropout_prob)
+        self.hidden_dropout = make.dropout(config.hidden_dropout_prob)
+        self.ffn_dropout = make.dropout(config.hidden_dropout_prob)
+
+    def _heads(self, x):
+        batch, length, width = x.shape
+        return ops.transpose(ops.reshape(x, (batch, length, self.heads, width // self.heads)), (0, 2, 1, 3))
+
+    def call(self, x, mask_bias, training=False):
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
+        probs = ops.softmax(ops.cast(scores, "float32") + mask_bias, axis=-1)
+        probs = self.attention_dropout(ops.cast(probs, self.compute_dtype), training=training)
+        context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        context = ops.reshape(context, x.shape)
+        x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training))
+        ffn = self.output_dense(self.intermediate(x))
+        return self.output_norm(x + self.ffn_dropout(ffn, training=training))
+
+
+class Bias(keras.layers.Layer):
+    """A learnt bias added to the last axis (the MLM output bias)."""
+
+    def build(self, input_shape):
+        self.bias = self.add_weight(shape=(input_shape[-1],), initializer="zeros", name="bias")
+
+    def call(self, x):
+        return x + ops.cast(self.bias, x.dtype)
+
+
+class PretrainingBert(keras.Model):
+    """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits(, nsp_logits)]`` (logits, float32).
+
+    Padding is read from ``input_ids == 0`` ([PAD] is id 0 in every BERT vocab), as in the TensorFlow model.
+    """
+
+    def __init__(self, config: BertConfig, with_nsp: bool = True, dtype=None, **kwargs):
+        super().__init__(name="bert", dtype=dtype, **kwargs)
+        make = _Factory(config, dtype)
+        self.config, self.with_nsp = config, with_nsp
+        h = config.hidden_size
+        self.token_embedding = make.embedding(config.vocab_size, h, "word_embeddings")
+        self.segment_embedding = make.embedding(config.type_vocab_size, h, "token_type_embeddings")
+        self.position_embedding = make.embedding(config.max_position_embeddings, h, "position_embeddings")
+        self.embedding_norm = make.norm("embedding_norm")
+        self.embedding_dropout = make.dropout(config.hidden_dropout_prob)
+        self.blocks = [TransformerBlock(config, make, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
+        self.mlm_dense = make.dense(h, "mlm_dense", activation(config.hidden_act))
+        self.mlm_norm = make.norm("mlm_norm")
+        self.mlm_bias = Bias(name="mlm_bias", dtype=dtype)
+        if with_nsp:
+            self.pooler = make.dense(h, "pooler", "tanh")
+            self.nsp = make.dense(2, "nsp")
+
+    def encode(self, input_ids, segment_ids, training=False):
+        """The last hidden states ``[batch, length, hidden]``."""
+        length = input_ids.shape[1]
+        x = self.token_embedding(input_ids) + self.segment_embedding(segment_ids)
+        x = x + self.position_embedding(ops.arange(length))[None]
+        x = self.embedding_dropout(self.embedding_norm(x), training=training)
+        mask_bias = ops.where(input_ids != 0, 0.0, MASK_BIAS)[:, None, None, :]
+        for block in self.blocks:
+            x = block(x, mask_bias, training=training)
+        return x
+
+    def call(self, inputs, training=False):
+        input_ids, segment_ids, positions = inputs
+        sequence = self.encode(input_ids, segment_ids, training)
+        gathered = ops.take_along_axis(sequence, ops.cast(positions, "int32")[:, :, None], axis=1)
+        x = self.mlm_norm(self.mlm_dense(gathered))
+        embeddings = ops.cast(self.token_embedding.embeddings, self.compute_dtype)
+        mlm_logits = ops.cast(self.mlm_bias(ops.matmul(x, ops.transpose(embeddings))), "float32")
+        if not self.with_nsp:
+            return [mlm_logits]
+        nsp_logits = self.nsp(self.pooler(sequence[:, 0]))
+        return [mlm_logits, ops.cast(nsp_logits, "float32")]
+
+
+def build_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int, with_nsp: bool = True,
+                dtype=None) -> PretrainingBert:
+    """The model with its weights created (static shapes: one call on a zero batch)."""
+    config.check_sequence_length(max_seq_length)
+    model = PretrainingBert(config, with_nsp, dtype=dtype)
+    zeros = ops.zeros((1, max_seq_length), "int32")
+    model([zeros, zeros, ops.zeros((1, max_predictions_per_seq), "int32")])
+    return model
+
+
+def google_variables(model: PretrainingBert) -> dict[str, keras.Variable]:
+    """Every weight of the model under its Google BERT checkpoint name (the hub both backends share)."""
+    out = {"bert/embeddings/word_embeddings": model.token_embedding.embeddings,
+           "bert/embeddings/token_type_embeddings": model.segment_embedding.embeddings,
+           "bert/embeddings/position_embeddings": model.position_embedding.embeddings,
+           "bert/embeddings/LayerNorm/gamma": model.embedding_norm.gamma,
+           "bert/embeddings/LayerNorm/beta": model.embedding_norm.beta}
+    for i, block in enumerate(model.blocks):
+        prefix = f"bert/encoder/layer_{i}/"
+        dense = {"attention/self/query": block.query, "attention/self/key": block.key,
+                 "attention/self/value": block.value, "attention/output/dense": block.attention_output,
+                 "intermediate/dense": block.intermediate, "output/dense": block.output_dense}
+        for name, layer in dense.items():
+            out[f"{prefix}{name}/kernel"], out[f"{prefix}{name}/bias"] = layer.kernel, layer.bias
+        norms = (("attention/output/LayerNorm", block.attention_norm), ("output/LayerNorm", block.output_norm))
+        for name, layer in norms:
+            out[f"{prefix}{name}/gamma"], out[f"{prefix}{name}/beta"] = layer.gamma, layer.beta
+    out.update({"cls/predictions/transform/dense/kernel": model.mlm_dense.kernel,
+                "cls/predictions/transform/dense/bias": model.mlm_dense.bias,
+                "cls/predictions/transform/LayerNorm/gamma": model.mlm_norm.gamma,
+                "cls/predictions/transform/LayerNorm/beta": model.mlm_norm.beta,
+                "cls/predictions/output_bias": model.mlm_bias.bias})
+    if model.with_nsp:
+        out.update({"bert/pooler/dense/kernel": model.pooler.kernel, "bert/pooler/dense/bias": model.pooler.bias,
+                    NSP_WEIGHTS: model.nsp.kernel, "cls/seq_relationship/output_bias": model.nsp.bias})
+    return out
+
+
+def to_google(name: str, value):
+    """A model array as Google stores it (the NSP kernel transposed to [2, hidden])."""
+    return value.T if name == NSP_WEIGHTS else value
+
+
+def from_google(name: str, value):
+    return value.T if name == NSP_WEIGHTS else value

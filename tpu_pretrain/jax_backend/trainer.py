@@ -1,0 +1,318 @@
+"""The JAX backend's trainer: model, optimizer and input of one configuration, and its compiled steps.
+
+The same guarantees as :mod:`..train.trainer`: losses normalised over the *global* batch (so any number
+of devices, and k accumulated micro-batches, give the same update), several steps per compiled call
+(a ``lax.scan`` over stacked batches), the weights replicated and every batch split over the local
+devices (``jax.sharding``), bfloat16 compute where the accelerator has it, and the input opened at an
+exact step. :func:`..train.loop.run_training` drives it as it drives the TensorFlow trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from . import select_keras_backend
+
+select_keras_backend()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+
+from ..config import Config  # noqa: E402
+from ..data.data_folder import read_data_info  # noqa: E402
+from ..errors import UserInputError  # noqa: E402
+from ..train.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
+from ..train.resolve import (  # noqa: E402
+    check_batch_split,
+    check_data_fills_a_batch,
+    eval_batch_size,
+    resolve_config,
+    run_bert_config,
+    run_vocab_file,
+)
+from . import optimizer as opt  # noqa: E402
+from .devices import Devices, detect_devices  # noqa: E402
+from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
+from .model import build_model, from_google, google_variables, to_google  # noqa: E402
+from .state import PARAMS, JaxState  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+def pretraining_stats(outputs, batch: dict, with_nsp: bool) -> dict:
+    """The summed MLM/NSP statistics of :func:`..train.metrics.pretraining_stats`, in ``jax.numpy``."""
+    labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
+    logits = outputs[0].astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits)
+    ce = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    right = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    stats = {"mlm_loss_sum": jnp.sum(ce * weights), "mlm_weight": jnp.sum(weights),
+             "mlm_correct": jnp.sum(right * weights), "examples": jnp.float32(labels.shape[0]),
+             "nsp_loss_sum": jnp.float32(0.0), "nsp_correct": jnp.float32(0.0)}
+    if with_nsp:
+        nsp_logits, nsp_labels = outputs[1].astype(jnp.float32), batch["next_sentence_labels"]
+        nsp_log_probs = jax.nn.log_softmax(nsp_logits)
+        stats["nsp_loss_sum"] = -jnp.sum(jnp.take_along_axis(nsp_log_probs, nsp_labels[:, None], axis=-1))
+        stats["nsp_correct"] = jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels).astype(jnp.float32))
+    return stats
+
+
+MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
+
+
+class JaxTrainer:
+    """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
+
+    def __init__(self, config: Config, devices: Devices | None = None):
+        self.data = read_data_info(config.storage.data_dir)
+        self.warmup_was_auto = config.train.num_warmup_steps < 0
+        self.config = config = resolve_config(config, self.data)
+        self.vocab_file = run_vocab_file(config, self.data)
+        t = config.train
+        if t.lr_schedule != "linear":
+            raise UserInputError(f"lr_schedule={t.lr_schedule} is not offered by the JAX backend yet: use "
+                                 "backend=tensorflow, or lr_schedule=linear.")
+        check_data_fills_a_batch(t, self.data)
+        if t.dynamic_masking:
+            raise UserInputError("dynamic_masking is not offered by the JAX backend yet: use backend=tensorflow, or "
+                                 "make the data with a larger dupe_factor.")
+        self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
+        check_batch_split(t, self.devices.num_replicas)
+        self.with_nsp = not config.data.no_nsp
+        self.bert_config = run_bert_config(config, self.data)
+        self.steps_per_execution = t.steps_per_execution or self.devices.default_steps_per_execution()
+        self.settings = opt.OptimizerSettings.from_config(t)
+        self.example_ids: list[tuple[int, list[int]]] = []
+        self.train_batches = None
+        self.init_report = None
+        self._build()
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        t, d = self.config.train, self.config.data
+        keras.utils.set_random_seed(t.train_seed)
+        self.model = build_model(self.bert_config, d.max_seq_length, d.max_predictions_per_seq, self.with_nsp,
+                                 dtype=self.devices.dtype_policy)
+        by_id = {id(v): name for name, v in google_variables(self.model).items()}
+        self.names = [by_id[id(v)] for v in self.model.trainable_variables]
+        self.keras_names = [v.path for v in self.model.non_trainable_variables]
+        if self.config.model.init_checkpoint:
+            self._load_init_checkpoint(self.config.model.init_checkpoint)
+        params = [v.value for v in self.model.trainable_variables]
+        self.state = self._place({"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
+                                  "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)})
+        self.decay_mask = opt.decayed(params)
+        self.eval_batch_size = eval_batch_size(self.config.train, self.data, self.devices.num_replicas)
+        replicated = self.devices.replicated()
+        self._train_chunk = jax.jit(self._chunk, donate_argnums=(0,), out_shardings=(replicated, replicated))
+        self._eval_step = jax.jit(self._eval_stats, out_shardings=replicated)
+
+    def _place(self, tree):
+        return jax.device_put(tree, self.devices.replicated())
+
+    def _load_init_checkpoint(self, path: str) -> None:
+        """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with TensorFlow)."""
+        from pathlib import Path
+
+        from ..train.weight_names import HF_WEIGHT_FILES, read_checkpoint_weights
+
+        p = Path(path)
+        hf = p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES)
+        try:
+            weights = read_checkpoint_weights(path)
+        except ImportError:
+            if hf:
+                raise
+            raise UserInputError(f"init_checkpoint {path}: reading a Google TF checkpoint needs TensorFlow; convert "
+                                 "it to a Hugging Face folder (`tpu-pretrain export CKPT --format hf --output DIR` "
+                                 "where TensorFlow is installed) or install TensorFlow.") from None
+        loaded, missing = self.set_google_weights(weights, strict=False)
+        if not loaded:
+            raise UserInputError(f"init_checkpoint {path} holds no BERT weights that this model uses.")
+        log.info("Initialised %d weights from %s; %d keep their random init%s", len(loaded), path, len(missing),
+                 f": {', '.join(missing[:6])}" if missing else "")
+
+    def start_input(self, step: int) -> None:
+        """Open the training input at ``step``: the order is a pure function of (seed, records consumed)."""
+        t, d = self.config.train, self.config.data
+        self.close()
+        self.train_batches = TrainingBatches(self.data.train_files, t.train_batch_size, d.max_seq_length,
+                                             d.max_predictions_per_seq, seed=t.train_seed,
+                                             start_record=step * t.train_batch_size)
+
+    def close(self) -> None:
+        """Stop the input's reading threads."""
+        if isinstance(self.train_batches, TrainingBatches):
+            self.train_batches.close()
+
+    # -- compiled steps ---------------------------------------------------------------------------
+    def _loss(self, params, keras_state, batch, global_weight, global_examples, training=True):
+        inputs = [batch[k] for k in MODEL_INPUTS]
+        outputs, keras_state = self.model.stateless_call(params, keras_state, inputs, training=training)
+        stats = pretraining_stats(outputs, batch, self.with_nsp)
+        loss = stats["mlm_loss_sum"] / global_weight
+        if self.with_nsp:
+            loss = loss + stats["nsp_loss_sum"] / global_examples
+        return loss, (stats, keras_state)
+
+    def _micro_batches(self, batch: dict) -> dict:
+        """[B, ...] -> [k, B/k, ...]; micro-batch i takes the i-th slice of every device's share."""
+        k, r = self.config.train.gradient_accumulation_steps, self.devices.num_replicas
+
+        def split(x):
+            x = x.reshape((r, k, -1) + x.shape[1:]).swapaxes(0, 1)
+            return x.reshape((k, -1) + x.shape[3:])
+
+        return {key: split(batch[key]) for key in BATCH_FEATURES}
+
+    def gradients(self, state: dict, batch: dict):
+        """``(summed gradients, summed statistics, new Keras state)`` of one global batch."""
+        global_weight = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
+        global_examples = float(batch["input_ids"].shape[0])
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+
+        def micro_step(carry, micro):
+            grads, stats, keras_state = carry
+            (_, (s, keras_state)), g = grad_fn(state["params"], keras_state, micro, global_weight, global_examples)
+            grads = [a + b for a, b in zip(grads, g, strict=True)]
+            return (grads, {key: stats[key] + s[key] for key in STAT_KEYS}, keras_state), None
+
+        zeros = ([jnp.zeros_like(p) for p in state["params"]], {key: jnp.float32(0.0) for key in STAT_KEYS},
+                 state["keras"])
+        (grads, stats, keras_state), _ = jax.lax.scan(micro_step, zeros, self._micro_batches(batch))
+        return grads, stats, keras_state
+
+    def _step(self, state: dict, batch: dict):
+        grads, stats, keras_state = self.gradients(state, batch)
+        grads, _ = opt.clip_by_global_norm(grads, self.settings.clip_norm)
+        params, slots = opt.apply_updates(self.settings, state["params"], grads, state["slots"], state["step"],
+                                          self.decay_mask)
+        return {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}, stats
+
+    def _chunk(self, state: dict, batches: dict):
+        state, stats = jax.lax.scan(self._step, state, batches)
+        return state, {key: jnp.sum(stats[key]) for key in STAT_KEYS}
+
+    def _eval_stats(self, state: dict, batch: dict) -> dict:
+        _, (stats, _) = self._loss(state["params"], state["keras"], batch, 1.0, 1.0, training=False)
+        return stats
+
+    # -- public API -----------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def train_steps(self, steps: int) -> dict:
+        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics."""
+        if self.train_batches is None:
+            self.start_input(self.step)
+        totals: dict = {}
+        while steps > 0:
+            # Two compiled shapes at most: whole calls of steps_per_execution, and single steps for the rest.
+            n = self.steps_per_execution if steps >= self.steps_per_execution else 1
+            first = self.step
+            pulled = [next(self.train_batches) for _ in range(n)]
+            stacked = {key: np.stack([b[key] for _, b in pulled]) for key in BATCH_FEATURES}
+            stacked = jax.device_put(stacked, self.devices.split(axis=1))
+            self.state, sums = self._train_chunk(self.state, stacked)
+            totals = add_sums(totals, jax.device_get(sums))
+            if self.config.train.log_example_ids:
+                self.example_ids.extend((first + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
+            steps -= n
+        return metrics_from_sums(totals)
+
+    def evaluate(self) -> dict | None:
+        """MLM loss/accuracy/perplexity and NSP loss/accuracy over up to max_eval_steps eval batches."""
+        if not self.eval_batch_size:
+            return None
+        d, t = self.config.data, self.config.train
+        totals: dict = {}
+        for batch in eval_batches(self.data.eval_files, self.eval_batch_size, d.max_seq_length,
+                                  d.max_predictions_per_seq, t.max_eval_steps):
+            batch = jax.device_put({k: batch[k] for k in BATCH_FEATURES}, self.devices.split())
+            totals = add_sums(totals, jax.device_get(self._eval_step(self.state, batch)))
+        return metrics_from_sums(totals) if totals.get("examples") else None
+
+    def schedule_config(self) -> dict:
+        """What every checkpoint's metadata records of the schedule, for :meth:`resume_schedule`."""
+        return {"name": "linear", "num_warmup_steps": self.settings.num_warmup_steps,
+                "num_train_steps": self.settings.num_train_steps}
+
+    def resume_schedule(self, recorded: dict | None) -> None:
+        """Keep the warmup a checkpoint recorded when it was chosen automatically (before the first step)."""
+        if recorded and self.warmup_was_auto and "num_warmup_steps" in recorded:
+            self.config.train.num_warmup_steps = int(recorded["num_warmup_steps"])
+            self.settings = opt.OptimizerSettings.from_config(self.config.train)
+
+    def learning_rate(self) -> float:
+        """The rate of the last update (as tf-keras reports it)."""
+        return float(opt.learning_rate(self.settings, max(self.step - 1, 0)))
+
+    @property
+    def precision(self) -> str:
+        return self.devices.precision
+
+    def describe(self) -> str:
+        return f"JAX (Keras 3), {self.devices.describe()}"
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and optimizer moment is finite (no NaN or Inf): what may be saved."""
+        leaves = self.state["params"] + self.state["slots"]["m"] + self.state["slots"]["v"]
+        return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
+
+    # -- weights and checkpoints ------------------------------------------------------------------------
+    def google_weights(self) -> dict[str, np.ndarray]:
+        """The current weights by Google BERT name, as Google stores them (float32)."""
+        params = jax.device_get(self.state["params"])
+        return {n: np.asarray(to_google(n, p), np.float32) for n, p in zip(self.names, params, strict=True)}
+
+    def set_google_weights(self, weights: dict[str, np.ndarray], strict: bool = True) -> tuple[list, list]:
+        """Load weights by Google name; returns (loaded, missing) names. ``strict``: all must be there."""
+        variables = dict(zip(self.names, self.model.trainable_variables, strict=True))
+        loaded = [n for n in self.names if n in weights]
+        missing = [n for n in self.names if n not in weights]
+        if strict and missing:
+            raise ValueError(f"weights lack {missing[:3]}")
+        for name in loaded:
+            value = np.asarray(from_google(name, weights[name]), np.float32)
+            if tuple(value.shape) != tuple(variables[name].shape):
+                raise UserInputError(f"{name} has shape {tuple(value.shape)} but the model needs "
+                                     f"{tuple(variables[name].shape)}; build the model from the checkpoint's config.")
+            variables[name].assign(value)
+        if hasattr(self, "state"):
+            self.state["params"] = self._place([v.value for v in self.model.trainable_variables])
+        return loaded, missing
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        state = jax.device_get(self.state)
+        arrays = {f"{PARAMS}{n}": np.asarray(to_google(n, p)) for n, p in zip(self.names, state["params"], strict=True)}
+        for slot in ("m", "v"):
+            arrays.update({f"{slot}/{n}": np.asarray(to_google(n, x))
+                           for n, x in zip(self.names, state["slots"][slot], strict=True)})
+        arrays.update({f"keras/{n}": np.asarray(x) for n, x in zip(self.keras_names, state["keras"], strict=True)})
+        arrays["step"] = np.asarray(state["step"])
+        return arrays
+
+    def _put_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.state = self._place({
+            "params": [jnp.asarray(from_google(n, arrays[f"{PARAMS}{n}"])) for n in self.names],
+            "slots": {s: [jnp.asarray(from_google(n, arrays[f"{s}/{n}"])) for n in self.names] for s in ("m", "v")},
+            "keras": [jnp.asarray(arrays[f"keras/{n}"]) for n in self.keras_names],
+            "step": jnp.asarray(arrays["step"], jnp.int32)})
+
+    def _state_shapes(self) -> dict[str, tuple]:
+        shapes = {"step": ()}
+        for n, v in zip(self.names, self.model.trainable_variables, strict=True):
+            shape = tuple(to_google(n, np.zeros(v.shape, np.int8)).shape)  # as Google stores it
+            shapes.update({f"{PARAMS}{n}": shape, f"m/{n}": shape, f"v/{n}": shape})
+        shapes.update({f"keras/{n}": tuple(v.shape) for n, v in zip(self.keras_names,
+                                                                     self.model.non_trainable_variables, strict=True)})
+        return shapes
+
+    def checkpoint_state(self) -> JaxState:
+        """Weights, optimizer moments, step and dropout's RNG state, as ``state.npz``."""
+        return JaxState(self._state_arrays, self._put_state_arrays, self._state_shapes)
+

@@ -1,0 +1,80 @@
+"""TensorBoard scalars written without TensorFlow, so every backend logs its curves the same way.
+
+An event file is a TFRecord file of ``Event`` protos: the first says the file version, each later one
+holds a step's scalars as ``Summary.Value.simple_value``, which TensorBoard and :mod:`..export.plots`
+read. The few protobuf fields are encoded here by hand (wire format as in :mod:`..data.tfrecord`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+from ..data.tfrecord import frame_record
+from .run_folder import RunFolder
+
+SPLITS = ("train", "eval")
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= (1 << 64) - 1
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def encode_event(wall_time: float, step: int, scalars: dict | None = None, file_version: str | None = None) -> bytes:
+    """An ``Event``: wall_time (1, double), step (2), file_version (3) or summary (5) of simple values."""
+    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+    if file_version is not None:
+        out += _length_delimited(3, file_version.encode())
+    if scalars:
+        values = b"".join(_length_delimited(1, _length_delimited(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
+                          for tag, value in scalars.items())
+        out += _length_delimited(5, values)
+    return out
+
+
+class EventFile:
+    """One TensorBoard event file, appended to and flushed after each write."""
+
+    def __init__(self, folder: str | os.PathLike):
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
+        self._file = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._append(encode_event(time.time(), 0, file_version="brain.Event:2"))
+
+    def _append(self, event: bytes) -> None:
+        self._file.write(frame_record(event))
+        self._file.flush()
+
+    def write(self, step: int, scalars: dict) -> None:
+        self._append(encode_event(time.time(), step, {k: float(v) for k, v in scalars.items()}))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ScalarLog:
+    """The run's train and eval curves (``logs/train``, ``logs/eval``) as TensorBoard scalars."""
+
+    def __init__(self, run: RunFolder):
+        self.files = {split: EventFile(run.logs / split) for split in SPLITS}
+
+    def write(self, split: str, metrics: dict, step: int) -> None:
+        self.files[split].write(step, metrics)
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()

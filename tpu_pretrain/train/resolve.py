@@ -1,0 +1,112 @@
+"""A run's configuration completed from its data, and the model's shape: the same for both backends."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+from ..config import Config, TrainConfig
+from ..data.data_folder import DataInfo, check_token_ids
+from ..data.vocab import load_vocab, vocab_sha256
+from ..errors import UserInputError
+from .bert_config import BertConfig, resolve_bert_config
+from .optimization import auto_warmup_steps
+
+log = logging.getLogger(__name__)
+
+
+def resolve_config(config: Config, data: DataInfo) -> Config:
+    """A copy of ``config`` completed from the data's shapes and NSP, and the warmup (the caller's is unchanged).
+
+    ``vocab_file`` stays as the user set it: the run records no path of this machine's data folder, which a
+    resumed run on another machine would otherwise read (:func:`run_vocab_file` resolves the one to use).
+    """
+    resolved = copy.deepcopy(config)
+    for key, value in (("max_seq_length", data.max_seq_length),
+                       ("max_predictions_per_seq", data.max_predictions_per_seq)):
+        if config.get(key) != value:
+            log.info("Using the data's %s=%s (configuration had %s).", key, value, config.get(key))
+            resolved.set(key, value)
+    if data.settings.get("no_nsp"):
+        resolved.data.no_nsp = True
+    if config.data.vocab_file and not os.path.isfile(config.data.vocab_file):
+        raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
+    if config.data.vocab_file:
+        _check_same_vocab(config.data.vocab_file, data)
+    t = resolved.train
+    if t.num_warmup_steps < 0:
+        t.num_warmup_steps = auto_warmup_steps(t.num_train_steps)
+        log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
+                 "choose).", t.num_warmup_steps, t.num_train_steps)
+    return resolved
+
+
+def run_vocab_file(config: Config, data: DataInfo) -> str:
+    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither)."""
+    return config.data.vocab_file or data.vocab_file or ""
+
+
+def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
+    """Refuse a vocab other than the data's, compared token by token (same size, other order: other words)."""
+    tokens = load_vocab(vocab_file)
+    if data.vocab_file:
+        theirs = load_vocab(data.vocab_file)
+        if tokens == theirs:
+            return
+        line = next((i for i, (a, b) in enumerate(zip(tokens, theirs, strict=False)) if a != b),
+                    min(len(tokens), len(theirs)))
+        ours = tokens[line] if line < len(tokens) else "(end of file)"
+        other = theirs[line] if line < len(theirs) else "(end of file)"
+        detail = f"line {line + 1} is {ours!r} here and {other!r} in the data's {data.vocab_file}"
+    elif data.vocab_sha256 and vocab_sha256(vocab_file) != data.vocab_sha256:
+        detail = "its checksum differs from the one in the data's manifest"
+    elif data.vocab_size and len(tokens) != data.vocab_size:
+        detail = f"it has {len(tokens)} tokens, the data's vocab {data.vocab_size}"
+    else:
+        return
+    raise UserInputError(f"vocab_file {vocab_file} is not the vocab the data in {data.data_dir} was made with "
+                         f"({detail}): the token ids would mean other words. Leave vocab_file unset to use the "
+                         "data's own vocab.")
+
+
+def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
+    """The model's shape for a resolved configuration, its vocab size checked against the data's token ids."""
+    m, vocab_file = config.model, run_vocab_file(config, data)
+    vocab_size = len(load_vocab(vocab_file)) if vocab_file else data.vocab_size
+    bert_config = resolve_bert_config(model_size=m.model_size, bert_config_file=m.bert_config_file,
+                                      init_checkpoint=m.init_checkpoint, vocab_size=vocab_size,
+                                      max_position_embeddings=m.max_position_embeddings,
+                                      hidden_dropout_prob=m.hidden_dropout_prob)
+    check_token_ids(data, bert_config.vocab_size)
+    return bert_config
+
+
+def check_batch_split(t: TrainConfig, replicas: int) -> None:
+    """The global batch must split evenly over the replicas and the accumulated micro-batches."""
+    k = t.gradient_accumulation_steps
+    if t.train_batch_size % (replicas * k):
+        raise UserInputError(f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
+                             f"gradient_accumulation_steps ({k}) = {replicas * k}.")
+
+
+def eval_batch_size(t: TrainConfig, data: DataInfo, replicas: int) -> int:
+    """The global eval batch: eval_batch_size (or the training batch), at most the eval set, split evenly."""
+    if not data.eval_files:
+        return 0
+    size = t.eval_batch_size or t.train_batch_size
+    if data.eval_instances is not None:
+        size = min(size, data.eval_instances)
+    size -= size % replicas
+    if not size:
+        log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.", data.eval_instances,
+                    replicas)
+    return size
+
+
+def check_data_fills_a_batch(t: TrainConfig, data: DataInfo) -> None:
+    if data.train_instances is not None and data.train_instances < t.train_batch_size:
+        raise UserInputError(
+            f"The data in {data.data_dir} holds {data.train_instances} training instances, fewer than one batch "
+            f"(train_batch_size={t.train_batch_size}): make more data (more text, a higher dupe_factor) or use a "
+            "smaller train_batch_size.")
