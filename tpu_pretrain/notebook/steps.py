@@ -11,6 +11,7 @@ is first fetched from its durable copy.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import signal
@@ -73,7 +74,7 @@ def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seco
     arguments = ["train", "--data_dir", places.local_data(data_dir), "--output_dir", run_dir]
     if run_dir != mirror:
         arguments += ["--mirror_dir", mirror]
-    arguments += settings_flags(params)
+    arguments += settings_flags(params, backend=training_backend(params.get("backend", "auto"), run_dir))
     print(f"Training run {params.run_name!r} in {run_dir}" + (f", mirrored to {mirror}" if run_dir != mirror else ""))
     returncode = run(arguments, LiveCurves(run_dir), refresh_seconds)
     if returncode == EXIT_STOPPED_EARLY:
@@ -122,10 +123,32 @@ def fetch_if_missing(run_dir: str, source: str) -> None:
     print(f"Fetched the run from {source}: it continues from its newest checkpoint.")
 
 
-def settings_flags(params: Parameters) -> list[str]:
+def training_backend(requested: str, run_dir: str) -> str:
+    """The backend to train with, said with its reason: a run continues on the backend that started it; on a
+    TPU VM, ``auto`` takes the image's own JAX when the kernel's TensorFlow (if any) cannot use the TPU,
+    without installing anything (elsewhere the ``tpu-pretrain`` process decides ``auto`` itself)."""
+    from ..backend import AUTO, choose_backend
+    from ..train.run_folder import RunFolder
+
+    run = RunFolder(run_dir)
+    if requested == AUTO and run.config_file.is_file():
+        recorded = json.loads(run.config_file.read_text()).get("train", {}).get("backend", "")
+        if recorded and recorded != AUTO:
+            print(f"Training backend: {recorded} (the backend this run was started with).")
+            return recorded
+    if requested == AUTO and tpu_vm_present():
+        backend, why = choose_backend(AUTO)
+        print(f"Training backend: {backend} ({why}).")
+        return backend
+    return requested
+
+
+def settings_flags(params: Parameters, backend: str = "") -> list[str]:
     """The notebook's training settings as ``tpu-pretrain train`` flags (empty strings left out)."""
-    flags = []
+    flags = [f"--backend={backend}"] if backend else []
     for name, value in params.as_dict().items():
+        if name == "backend" and backend:
+            continue
         if name not in step_settings(TRAIN) or name in PLACED or value == "":
             continue
         flags.append(f"--{name}={str(value).lower() if isinstance(value, bool) else value}")
