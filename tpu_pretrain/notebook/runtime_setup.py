@@ -37,7 +37,7 @@ def prepare_runtime(namespace, needs: str = "data") -> Parameters:
     params = parameters(namespace)
     check_placeholders(params)
     print(describe_runtime())
-    print(ensure_stack(needs))
+    print(ensure_stack(needs, params.get("backend", "tensorflow")))
     places = params.paths().values()
     if any(drive.is_drive_path(p) for p in places):
         print(mount_drive())
@@ -47,10 +47,13 @@ def prepare_runtime(namespace, needs: str = "data") -> Parameters:
     return params
 
 
-def ensure_stack(needs: str) -> str:
-    """Install what ``needs`` requires when it is missing; one line saying what is there."""
+def ensure_stack(needs: str, backend: str = "tensorflow") -> str:
+    """Install what ``needs`` (and the training ``backend``) require when it is missing; one line saying so."""
     if needs == "data":
         return "Stack: the data steps need no TensorFlow; nothing to install."
+    if tpu_vm_present() and backend != "tensorflow":
+        return ("Stack: nothing to install now: training takes the image's own JAX unless the run was started with "
+                "TensorFlow, whose TPU environment is then built when first needed.")
     if tpu_vm_present():
         from .steps import tpu_environment
 
