@@ -16,7 +16,8 @@ from pretraining_fixtures import synthetic_instances, write_shards, write_vocab 
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.train.loop import train
-from tpu_pretrain.train.optimization import WarmupStableDecay, auto_warmup_steps, cooldown_start
+from tpu_pretrain.train.optimization import WarmupStableDecay, cooldown_start
+from tpu_pretrain.train.resolve import auto_warmup_steps
 
 PEAK = 1e-3
 

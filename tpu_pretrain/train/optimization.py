@@ -111,11 +111,6 @@ def cooldown_start(num_train_steps: int, num_cooldown_steps: int, num_warmup_ste
     return max(num_train_steps - cooldown, num_warmup_steps, 0)
 
 
-def auto_warmup_steps(num_train_steps: int) -> int:
-    """The default warmup: 10% of the run, at most 10,000 steps (BERT's, for its 1M-step run)."""
-    return min(10_000, num_train_steps // 10)
-
-
 class Lamb(keras.optimizers.Optimizer):
     """LAMB (You et al. 2019): Adam direction plus decoupled decay, scaled per layer by ||w|| / ||update||.
 

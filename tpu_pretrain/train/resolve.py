@@ -11,7 +11,6 @@ from ..data.data_folder import DataInfo, check_token_ids
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
 from .bert_config import BertConfig, resolve_bert_config
-from .optimization import auto_warmup_steps
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +39,11 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
                  "choose).", t.num_warmup_steps, t.num_train_steps)
     return resolved
+
+
+def auto_warmup_steps(num_train_steps: int) -> int:
+    """The default warmup: 10% of the run, at most 10,000 steps (BERT's, for its 1M-step run)."""
+    return min(10_000, num_train_steps // 10)
 
 
 def run_vocab_file(config: Config, data: DataInfo) -> str:
