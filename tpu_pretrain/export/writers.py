@@ -32,8 +32,6 @@ if TYPE_CHECKING:  # the TensorFlow model; a JAX run exports without TensorFlow
     from ..train.model import PretrainingModel
     from .rebuild import TrainedModel
 
-tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
-
 
 # -- Hugging Face folder ----------------------------------------------------------------------------
 def huggingface_config(config: BertConfig, architecture: str) -> dict:
@@ -130,7 +128,7 @@ def write_huggingface(google: dict[str, np.ndarray], config: BertConfig, output_
 # -- Google's original TF checkpoint ------------------------------------------------------------------
 def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
     """A name-based TF checkpoint (``.index`` + ``.data``) with exactly these variable names, in eager mode."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     names = sorted(weights)
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
