@@ -41,7 +41,8 @@ def _f(default, help_text: str, steps: tuple[str, ...] = (), pins: tuple[str, ..
 class CorpusConfig:
     """How raw text is read and normalised."""
 
-    input: list[str] = _f([], "Corpus files, globs or folders (.txt; gzip, bzip2 or xz compressed).",
+    input: list[str] = _f([], "Corpus files, globs, folders or URLs (.txt; gzip, bzip2, xz or zip). https:// and "
+                          "gs:// URLs are fetched once into the cache; append #sha256=<hex> to check the file.",
                           steps=CORPUS_STEPS)
     encoding: str = _f("utf-8", "Text encoding of the corpus files (e.g. latin-1, cp1252, gbk).",
                        steps=CORPUS_STEPS, pins=(DATA,))
