@@ -14,7 +14,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	# TensorFlow and tf-keras must share a minor version (Keras 2 for bert4keras).
-	$(BIN)/python -m pip install --quiet "tensorflow==$(TF_VERSION)" "tf-keras==$(TF_VERSION)" -e ".[dev]"
+	$(BIN)/python -m pip install --quiet "tensorflow==$(TF_VERSION)" "tf-keras==$(TF_VERSION)" -e ".[dev,beam]"
 	# bert4keras 0.11.5 pins keras<=2.3.1, which would pull an ancient Keras: install without deps.
 	$(BIN)/python -m pip install --quiet --no-deps "bert4keras==0.11.5"
 	touch $@

@@ -100,6 +100,11 @@ class PretrainingDataConfig:
     eval_fraction: float = _f(0.01, "Fraction of documents held out in separate eval shards.",
                               steps=(CREATE_DATA,), pins=(DATA,))
     workers: int = _f(0, "Worker processes; 0 uses all cores.", steps=(CREATE_DATA, DEMO))
+    runner: str = _f("", "Run create-data on Apache Beam with this runner (DirectRunner, DataflowRunner, FlinkRunner, "
+                     "SparkRunner); empty: local worker processes. The shards are the same bytes either way.",
+                     steps=(CREATE_DATA,))
+    beam_options: str = _f("", "Beam pipeline options for --runner, as on a command line (e.g. '--project=P "
+                           "--region=R --temp_location=gs://B/tmp --service_account_email=SA').", steps=(CREATE_DATA,))
 
 
 @dataclass
