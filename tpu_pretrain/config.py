@@ -158,6 +158,11 @@ class TrainConfig:
     accelerator: str = _f("auto", "auto, tpu, gpu or cpu.", choices=("auto", "tpu", "gpu", "cpu"), steps=(TRAIN,))
     tpu_name: str = _f("local", "TPU to use: 'local' on TPU VMs (Colab, Kaggle), or a TPU name/grpc address.",
                        steps=(TRAIN,))
+    worker_hosts: str = _f("", "Training machines as host:port,host:port (MultiWorkerMirroredStrategy; the same "
+                           "list on each, task 0 first); empty: TF_CONFIG if set, else this machine alone.",
+                           steps=(TRAIN,))
+    task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
+                         steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
                               "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"),
                                                                steps=(TRAIN,))

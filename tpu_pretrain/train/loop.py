@@ -10,6 +10,7 @@ is saved, so the last good checkpoint stays the newest.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -25,6 +26,7 @@ from ..errors import UserInputError
 from ..formatting import hms
 from ..storage.local import check_writable_folder
 from .checkpoints import CheckpointManager
+from .cluster import FollowerCheckpoints, any_worker
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
 from .run_folder import RunFolder, run_identity
@@ -89,10 +91,13 @@ class Throughput:
 class ScalarLog:
     """TensorBoard scalars for the train and eval curves (``tf.summary.write``: no tensorboard package)."""
 
-    def __init__(self, run: RunFolder):
-        self.writers = {split: tf.summary.create_file_writer(str(run.logs / split)) for split in ("train", "eval")}
+    def __init__(self, run: RunFolder, enabled: bool = True):
+        self.writers = {split: tf.summary.create_file_writer(str(run.logs / split))
+                        for split in ("train", "eval")} if enabled else {}
 
     def write(self, split: str, metrics: dict, step: int) -> None:
+        if not self.writers:  # a worker other than the chief: the chief writes the run's logs
+            return
         from tensorflow.core.framework import summary_pb2
 
         metadata = summary_pb2.SummaryMetadata()
@@ -131,7 +136,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
                  set_aside_damaged_checkpoints: bool = False) -> TrainResult:
     """The loop, holding the run folder's lock: resume, train in chunks, log, evaluate, checkpoint, stop in time."""
     run = RunFolder(output_dir)
-    with RunLock(run.lock_file):
+    with RunLock(run.lock_file) if trainer.accelerator.is_chief else contextlib.nullcontext():
         return _run_locked(trainer, run, progress, set_aside_damaged_checkpoints)
 
 
@@ -140,7 +145,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     output_dir = str(run.path)
     manager, mirror = _checkpoints(trainer, run)
     throughput = Throughput(_resume(trainer, run, manager, set_aside_damaged))
-    scalars = ScalarLog(run)
+    scalars = ScalarLog(run, enabled=trainer.accelerator.is_chief)
     result = TrainResult(output_dir=output_dir, steps=trainer.step)
     if trainer.step == 0:
         result.initial_eval = _evaluate(trainer, scalars, 0, "Eval at step 0")
@@ -154,7 +159,8 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
             seconds = time.perf_counter() - tick
             _check_finite(trainer, manager, metrics, step, target)
             throughput.record(target - step, seconds)
-            _append_example_ids(trainer, run)
+            if trainer.accelerator.is_chief:
+                _append_example_ids(trainer, run)
             metrics.update(steps_per_second=throughput.steps_per_second,
                            examples_per_second=throughput.steps_per_second * t.train_batch_size,
                            learning_rate=trainer.learning_rate())
@@ -175,6 +181,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     result.seconds_to_first_step = throughput.seconds_to_first_step
     if not result.stopped_reason:
         result.final_eval = _evaluate(trainer, scalars, result.steps, f"Final eval at step {result.steps}")
+    if not result.stopped_reason and trainer.accelerator.is_chief:
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
@@ -187,12 +194,14 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
     """The run's checkpoint manager, and the mirror it copies to (with the run's transfer settings)."""
     s = trainer.config.storage
     mirror = None
+    checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
+    if not trainer.accelerator.is_chief:  # one writer: the chief; the others take part in its saves
+        return FollowerCheckpoints(run.checkpoints, checkpoint), None
     if s.mirror_dir:
         from ..storage import drive
 
         drive.ensure_drive_ready(s.mirror_dir, mount=s.mount_drive)
         mirror = CheckpointMirror(run, s.mirror_dir, keep_max=s.keep_checkpoint_max, options=s.transfer_options())
-    checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
     return CheckpointManager(run.checkpoints, checkpoint, keep_max=s.keep_checkpoint_max, mirror=mirror), mirror
 
 
@@ -202,8 +211,9 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
     run.check_can_resume(identity)
     restored = manager.restore_latest(set_aside_damaged)
-    run.write_run_files(trainer.config, trainer.bert_config, trainer.config.data.vocab_file)
-    run.record_identity(identity)
+    if trainer.accelerator.is_chief:
+        run.write_run_files(trainer.config, trainer.bert_config, trainer.config.data.vocab_file)
+        run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:
         return 0.0
@@ -237,6 +247,8 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
         _evaluate(trainer, scalars, step, f"Eval at step {step}")
     stop_reason = guard.should_stop(next_chunk_seconds=seconds)
+    if trainer.accelerator.cluster is not None and any_worker(trainer.strategy, stop_reason is not None):
+        stop_reason = stop_reason or "another worker is stopping"
     stopping = stop_reason is not None and step < total
     if step % t.save_checkpoints_steps == 0 or step == total or stopping:
         if not trainer.weights_finite():

@@ -101,7 +101,8 @@ class Trainer:
                 f"one batch (train_batch_size={t.train_batch_size}): make more data (more text, a higher "
                 "dupe_factor) or use a smaller train_batch_size.")
         self.accelerator = accelerator or detect_accelerator(
-            t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
+            t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name,
+            worker_hosts=t.worker_hosts, task_index=t.task_index)
         self.strategy = self.accelerator.strategy
         replicas = self.accelerator.num_replicas
         k = t.gradient_accumulation_steps
@@ -301,4 +302,4 @@ class Trainer:
 
     def learning_rate(self) -> float:
         opt = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        return float(opt.learning_rate)
+        return float(tf.convert_to_tensor(opt.learning_rate))  # a MirroredVariable under several workers
