@@ -20,7 +20,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(REQUIREMENTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	# [cpu]: the pinned standard TensorFlow with its tf-keras (tpu_pretrain/requirements/cpu_gpu.txt).
-	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,beam]"
 	# bert4keras 0.11.5 pins keras<=2.3.1, which would pull an ancient Keras: install without deps.
 	$(BIN)/python -m pip install --quiet --no-deps -r tpu_pretrain/requirements/no_deps.txt
 	touch $@

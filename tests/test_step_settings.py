@@ -15,7 +15,7 @@ from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.vocab import build_vocab
 
 # Settings that say where (paths) or how fast (workers), not what: the same result by design.
-WHERE_OR_HOW_FAST = {"input", "output_dir", "vocab_file", "workers"}
+WHERE_OR_HOW_FAST = {"input", "output_dir", "vocab_file", "workers", "runner", "beam_options"}
 
 SPECIAL_LINES = [
     "A paragraph of three sentences. The second one is here! And a third one?",

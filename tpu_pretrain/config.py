@@ -41,7 +41,8 @@ def _f(default, help_text: str, steps: tuple[str, ...] = (), pins: tuple[str, ..
 class CorpusConfig:
     """How raw text is read and normalised."""
 
-    input: list[str] = _f([], "Corpus files, globs or folders (.txt; gzip, bzip2 or xz compressed).",
+    input: list[str] = _f([], "Corpus files, globs, folders or URLs (.txt; gzip, bzip2, xz or zip). https:// and "
+                          "gs:// URLs are fetched once into the cache; append #sha256=<hex> to check the file.",
                           steps=CORPUS_STEPS)
     encoding: str = _f("utf-8", "Text encoding of the corpus files (e.g. latin-1, cp1252, gbk).",
                        steps=CORPUS_STEPS, pins=(DATA,))
@@ -111,6 +112,11 @@ class PretrainingDataConfig:
     eval_fraction: float = _f(0.01, "Fraction of documents held out in separate eval shards.",
                               steps=(CREATE_DATA,), pins=(DATA,))
     workers: int = _f(0, "Worker processes; 0 uses all cores.", steps=(CREATE_DATA, DEMO))
+    runner: str = _f("", "Run create-data on Apache Beam with this runner (DirectRunner, DataflowRunner, FlinkRunner, "
+                     "SparkRunner); empty: local worker processes. The shards are the same bytes either way.",
+                     steps=(CREATE_DATA,))
+    beam_options: str = _f("", "Beam pipeline options for --runner, as on a command line (e.g. '--project=P "
+                           "--region=R --temp_location=gs://B/tmp --service_account_email=SA').", steps=(CREATE_DATA,))
 
 
 @dataclass
@@ -173,6 +179,11 @@ class TrainConfig:
     accelerator: str = _f("auto", "auto, tpu, gpu or cpu.", choices=("auto", "tpu", "gpu", "cpu"), steps=(TRAIN,))
     tpu_name: str = _f("local", "TPU to use: 'local' on TPU VMs (Colab, Kaggle), or a TPU name/grpc address.",
                        steps=(TRAIN,))
+    worker_hosts: str = _f("", "Training machines as host:port,host:port (MultiWorkerMirroredStrategy; the same "
+                           "list on each, task 0 first); empty: TF_CONFIG if set, else this machine alone.",
+                           steps=(TRAIN,))
+    task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
+                         steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
                               "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"),
                                                                steps=(TRAIN,))

@@ -38,8 +38,9 @@ ENVIRONMENT_OVERRIDES = {
     "GOOGLE_CLOUD_PROJECT": "The project for Cloud Storage calls when the credentials do not name one.",
     "TPU_PRETRAIN_GCS_RETRY_SECONDS": "Bound on the client library's retries of one Cloud Storage metadata call "
                                       "(default 30; uploads and downloads retry on top, transfer_retries times).",
-    "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered and the TPU environment is built "
-                              "(default ~/.cache/tpu_pretrain).",
+    "TF_CONFIG": "TensorFlow's cluster description for training on several machines (instead of --worker_hosts).",
+    "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered, corpus URLs are downloaded and the TPU "
+                              "environment is built (default ~/.cache/tpu_pretrain).",
     "HF_TOKEN": "A Hugging Face token for pushing an export to the Hub (on Colab and Kaggle: a secret of that name).",
 }
 

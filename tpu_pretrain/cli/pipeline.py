@@ -30,7 +30,12 @@ def _vocab(config: Config, args: argparse.Namespace) -> int:
 def _create_data(config: Config, args: argparse.Namespace) -> int:
     from ..data.create import create_pretraining_data
 
-    manifest = create_pretraining_data(config)
+    if config.data.runner:
+        from ..data.beam_pipeline import run_beam
+
+        manifest = run_beam(config)
+    else:
+        manifest = create_pretraining_data(config)
     print(manifest.summary())
     return EXIT_OK
 

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from ..config import CorpusConfig
 from ..errors import UserInputError
+from ..storage.download import fetch, is_remote
 from .corpus_files import DAMAGED_STREAM, check_text_file, open_corpus_file, read_error
 
 log = logging.getLogger(__name__)
 
-CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz")
+CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz", ".zip")
 _EXAMPLES_KEPT = 5
 _SKIP = object()  # a line that is dropped without ending a document
 
@@ -85,11 +86,13 @@ class CorpusStats:
 
 
 def expand_inputs(inputs: Iterable[str]) -> list[str]:
-    """Files named by paths, globs or folders (folders: every .txt/.gz inside, recursively), sorted."""
+    """Files named by paths, globs, folders (every .txt/.gz inside, recursively) or URLs (fetched once)."""
     files: list[str] = []
     for item in inputs:
         item = os.path.expanduser(str(item))
-        if os.path.isdir(item):
+        if is_remote(item):
+            files.append(str(fetch(item)))
+        elif os.path.isdir(item):
             found = sorted(
                 str(p) for p in Path(item).rglob("*") if p.is_file() and p.name.lower().endswith(CORPUS_SUFFIXES)
             )

@@ -1,9 +1,10 @@
 """Opening one corpus file: compression recognised by content, and files that are not text refused early.
 
 A name says little (``.TXT.GZ``, a ``.gz`` that is a tar archive, a binary given by mistake), so the
-first bytes decide: gzip, bzip2 and xz are decompressed whatever the file is called; archives (tar, zip,
-7z, rar) and unsupported compression are refused with the command that unpacks them; a file whose
-start holds NUL bytes, or lines that are mostly not valid text in the configured encoding, is refused
+first bytes decide: gzip, bzip2 and xz are decompressed whatever the file is called, a zip archive is
+read member after member (each member ends a document, like a file); other archives (tar, 7z, rar)
+and unsupported compression are refused with the command that unpacks them; a file whose start
+holds NUL bytes, or lines that are mostly not valid text in the configured encoding, is refused
 naming the file and ``--encoding``, before any slow work starts.
 """
 
@@ -13,6 +14,7 @@ import bz2
 import gzip
 import io
 import lzma
+import zipfile
 import zlib
 
 from ..errors import UserInputError
@@ -22,7 +24,6 @@ MAX_UNDECODABLE_SHARE = 0.10  # of the sniffed lines; more means another encodin
 MAX_UNDECODABLE_LINES = 2  # fewer are tolerated whatever the share (a tiny file with one broken line)
 COMPRESSIONS = {b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open), b"\xfd7zXZ\x00": ("xz", lzma.open)}
 UNSUPPORTED = {
-    b"PK\x03\x04": "a zip archive: unzip it and give the folder",
     b"7z\xbc\xaf\x27\x1c": "a 7z archive: extract it (7z x) and give the folder",
     b"Rar!\x1a\x07": "a rar archive: extract it and give the folder",
     b"\x28\xb5\x2f\xfd": "zstd-compressed: decompress it (zstd -d) or recompress it with gzip",
@@ -30,13 +31,16 @@ UNSUPPORTED = {
     b"%PDF": "a PDF document: extract its text first (e.g. pdftotext)",
 }
 # Exceptions a damaged compressed stream (or a failing disk) raises part-way through; see read_error().
-DAMAGED_STREAM = (EOFError, zlib.error, lzma.LZMAError, OSError)
+DAMAGED_STREAM = (EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile, OSError)
+ZIP_MAGIC = b"PK\x03\x04"
 
 
 def open_corpus_file(path: str) -> io.BufferedIOBase:
     """A binary stream of the file's text, decompressed when the content says it is compressed."""
     with open(path, "rb") as handle:
         head = handle.read(8)
+    if head.startswith(ZIP_MAGIC):
+        return io.BufferedReader(ZipMembers(path), buffer_size=1 << 20)
     for magic, (_, opener) in COMPRESSIONS.items():
         if head.startswith(magic):
             return opener(path, "rb")  # type: ignore[return-value]
@@ -44,6 +48,41 @@ def open_corpus_file(path: str) -> io.BufferedIOBase:
         if head.startswith(magic):
             raise UserInputError(f"Corpus file {path} is {what}.")
     return open(path, "rb")
+
+
+class ZipMembers(io.RawIOBase):
+    """The files of a zip archive as one stream, in name order, a blank line after each (it ends a document)."""
+
+    def __init__(self, path: str):
+        self.archive = zipfile.ZipFile(path)
+        self.members = sorted(info.filename for info in self.archive.infolist() if not info.is_dir())
+        self.current = None
+        self.pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.pending:
+            chunk = self.current.read(len(buffer)) if self.current else b""
+            if chunk:
+                self.pending = chunk
+            elif self.current:
+                self.current.close()
+                self.current, self.pending = None, b"\n\n"
+            elif self.members:
+                self.current = self.archive.open(self.members.pop(0))
+            else:
+                return 0
+        n = min(len(buffer), len(self.pending))
+        buffer[:n], self.pending = self.pending[:n], self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        if self.current:
+            self.current.close()
+        self.archive.close()
+        super().close()
 
 
 def check_text_file(path: str, encoding: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import math
 import multiprocessing
@@ -26,6 +27,8 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -33,10 +36,11 @@ from tqdm.auto import tqdm
 from ..config import DATA, Config, pinned_settings
 from ..config_checks import max_predictions
 from ..errors import UserInputError
-from ..storage.local import check_writable_folder
+from ..storage.gcs import is_gcs_url
+from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
 from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats
-from .shard import ShardTask, read_json, shard_complete, worker_init, write_json, write_shard
+from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
 from .vocab import load_vocab, vocab_sha256
 
 log = logging.getLogger(__name__)
@@ -45,27 +49,30 @@ SHARD_TARGET_BYTES = 16 << 20
 
 
 # -- orchestration ----------------------------------------------------------------------------------
-def create_pretraining_data(config: Config) -> Manifest:
-    """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
+@dataclass
+class DataPlan:
+    """What create-data makes, decided before any shard is written: the same for every runner (local, Beam)."""
+
+    config: Config
+    out: str  # a local folder, or (Beam only) a gs:// prefix
+    reader: CorpusReader
+    settings: dict
+    inputs: list[dict]
+    identity: dict
+    vocab_size: int
+
+
+def check_required(config: Config) -> None:
     config.validate()
     if not config.storage.output_dir:
         raise UserInputError("Setting output_dir is empty: say where the shards go with --output_dir.")
     if not config.data.vocab_file:
         raise UserInputError("Setting vocab_file is empty: pass a vocab.txt (or build one with `tpu-pretrain vocab`).")
-    out = check_writable_folder(config.storage.output_dir)
-    try:
-        return _create(config, out)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise UserInputError(
-            f"The disk under {out} is full ({exc.strerror}{': ' + str(exc.filename) if exc.filename else ''}). "
-            "Free space and run the same command again: complete shards are kept and only the rest is written."
-        ) from None
 
 
-def _create(config: Config, out: Path) -> Manifest:
-    start = time.time()
+def plan_data(config: Config) -> DataPlan:
+    """Check the settings, open the corpus (URLs fetched) and fix the settings that pin the shards."""
+    check_required(config)
     d, c = config.data, config.corpus
     vocab = load_vocab(d.vocab_file)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
@@ -77,28 +84,66 @@ def _create(config: Config, out: Path) -> Manifest:
                                                           max(d.masked_lm_prob, d.eval_masked_lm_prob))
     settings["no_nsp"] = d.no_nsp or d.pack_sequences  # packed documents have no "next sentence"
     identity = {"format": FORMAT, "settings": settings, "vocab_sha256": vocab_sha256(d.vocab_file), "inputs": inputs}
-    _check_existing(out, identity)
+    return DataPlan(config, config.storage.output_dir, reader, settings, inputs, identity, len(vocab))
 
+
+def create_pretraining_data(config: Config) -> Manifest:
+    """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
+    check_required(config)
+    out = check_writable_folder(config.storage.output_dir)
+    plan = plan_data(config)
+    try:
+        return _create(plan, out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserInputError(
+            f"The disk under {out} is full ({exc.strerror}{': ' + str(exc.filename) if exc.filename else ''}). "
+            "Free space and run the same command again: complete shards are kept and only the rest is written."
+        ) from None
+
+
+def _create(plan: DataPlan, out: Path) -> Manifest:
+    start = time.time()
+    check_existing(out, plan.identity)
     work = out / WORK_DIR
     partition = read_json(work / "partition.json")
-    if partition is None or partition["identity"] != identity:
+    if partition is None or partition["identity"] != plan.identity:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / IDENTITY, identity)
-        partition = _partition(reader, work, settings, identity)
+        write_json(out / IDENTITY, plan.identity)
+        partition = _partition(plan.reader, work, plan.settings, plan.identity)
+    tasks = shard_tasks(plan, partition, str(out), str(work))
+    shards = _write_shards(tasks, out, plan.config.data.workers)
+    manifest = finish(plan, partition, [shards[task.name] for task in tasks], time.time() - start)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def shard_tasks(plan: DataPlan, partition: dict, out: str, work: str) -> list[ShardTask]:
+    """One task per shard the partition made (refused when the corpus gave no training document)."""
     if partition["documents"]["train"] == 0:
         raise UserInputError(
-            f"The corpus ({', '.join(reader.files[:3])}) has no usable line: {partition['corpus_report']}."
+            f"The corpus ({', '.join(plan.reader.files[:3])}) has no usable line: {partition['corpus_report']}."
         )
-    tasks = [ShardTask(split, index, count, str(out), str(work), d.vocab_file, settings)
-             for split, count in partition["shard_counts"].items() for index in range(count)]
-    shards = _write_shards(tasks, out, d.workers)
-    manifest = Manifest(settings=settings, vocab_size=len(vocab), vocab_sha256=identity["vocab_sha256"],
-                        inputs=inputs, corpus_report=partition["corpus_report"],
-                        shards=[shards[task.name] for task in tasks], seconds=time.time() - start)
-    write_json(out / MANIFEST, manifest.to_json())
-    if Path(d.vocab_file).resolve() != (out / VOCAB).resolve():
-        shutil.copyfile(d.vocab_file, out / VOCAB)  # the data folder names its own vocab
-    shutil.rmtree(work, ignore_errors=True)
+    return [ShardTask(split, index, count, out, work, plan.config.data.vocab_file, plan.settings)
+            for split, count in partition["shard_counts"].items() for index in range(count)]
+
+
+def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: float) -> Manifest:
+    """Write the manifest (and the data folder's own vocab.txt) once every shard is written."""
+    manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
+                        inputs=plan.inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds)
+    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
+    if is_gcs_url(plan.out):
+        from .. import storage
+
+        storage.write_text(storage.join(plan.out, MANIFEST), text)
+        storage.copy(plan.config.data.vocab_file, storage.join(plan.out, VOCAB))
+        return manifest
+    out = Path(plan.out)
+    write_text_atomic(out / MANIFEST, text)
+    if Path(plan.config.data.vocab_file).resolve() != (out / VOCAB).resolve():
+        shutil.copyfile(plan.config.data.vocab_file, out / VOCAB)  # the data folder names its own vocab
     return manifest
 
 
@@ -143,7 +188,7 @@ def auto_num_shards(corpus_bytes: int) -> int:
     return max(1, min(8, math.ceil(corpus_bytes / (256 << 10))), math.ceil(corpus_bytes / SHARD_TARGET_BYTES))
 
 
-def _check_existing(out: Path, identity: dict) -> None:
+def check_existing(out: Path, identity: dict) -> None:
     """Refuse an output folder holding shards made from other settings, naming the differences."""
     previous = read_json(out / IDENTITY)
     if previous is None:
@@ -173,39 +218,57 @@ def _check_existing(out: Path, identity: dict) -> None:
     )
 
 
+class Dealer:
+    """Pass 1's choice for each document, in corpus order: held out at random (eval), else round-robin.
+
+    One reader deals every document, so the shards' contents do not depend on the runner.
+    """
+
+    def __init__(self, settings: dict):
+        self.num_train = settings["num_shards"]
+        self.eval_fraction = settings["eval_fraction"]
+        self.num_eval = math.ceil(self.num_train * self.eval_fraction) if self.eval_fraction > 0 else 0
+        self.counts = {"train": 0, "eval": 0}
+        self.chooser = random.Random(settings["random_seed"] ^ 0x5EED)
+
+    def deal(self, documents: Iterable[list[str]]) -> Iterator[tuple[str, int, list[str]]]:
+        """``(split, shard index, document)`` for each document."""
+        counts = self.counts
+        for doc in documents:
+            # Held out at random; the second document at the latest, so a small corpus still has an eval set.
+            held_out = self.chooser.random() < self.eval_fraction or (counts["eval"] == 0 and counts["train"] >= 1)
+            split = "eval" if self.num_eval and held_out else "train"
+            yield split, counts[split] % (self.num_eval if split == "eval" else self.num_train), doc
+            counts[split] += 1
+
+    def partition(self, reader: CorpusReader, identity: dict) -> dict:
+        """What was dealt: document counts, shards per split and the corpus report."""
+        return {
+            "identity": identity,
+            "documents": dict(self.counts),
+            "shard_counts": {"train": self.num_train, "eval": self.num_eval if self.counts["eval"] else 0},
+            "corpus_report": reader.stats.report(),
+        }
+
+
 def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict) -> dict:
     """Pass 1: deal normalised documents into per-shard work files (one sentence a line, blank between)."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    num_train = settings["num_shards"]
-    eval_fraction = settings["eval_fraction"]
-    num_eval = math.ceil(num_train * eval_fraction) if eval_fraction > 0 else 0
-    handles = {("train", i): open(work / f"train-{i}.txt", "w", encoding="utf-8") for i in range(num_train)}
-    handles |= {("eval", i): open(work / f"eval-{i}.txt", "w", encoding="utf-8") for i in range(num_eval)}
-    counts = {"train": 0, "eval": 0}
-    chooser = random.Random(settings["random_seed"] ^ 0x5EED)
+    dealer = Dealer(settings)
+    handles = {("train", i): open(work / f"train-{i}.txt", "w", encoding="utf-8") for i in range(dealer.num_train)}
+    handles |= {("eval", i): open(work / f"eval-{i}.txt", "w", encoding="utf-8") for i in range(dealer.num_eval)}
     total_bytes = sum(os.path.getsize(f) for f in reader.files)
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="reading corpus", disable=None)
     try:
-        for doc in reader.documents():
+        for split, index, doc in dealer.deal(reader.documents()):
             bar.update(reader.stats.input_bytes - bar.n)
-            # Held out at random; the second document at the latest, so a small corpus still has an eval set.
-            held_out = chooser.random() < eval_fraction or (counts["eval"] == 0 and counts["train"] >= 1)
-            split = "eval" if num_eval and held_out else "train"
-            handle = handles[(split, counts[split] % (num_eval if split == "eval" else num_train))]
-            handle.write("\n".join(doc))
-            handle.write("\n\n")
-            counts[split] += 1
+            handles[(split, index)].write(work_text(doc))
     finally:
         bar.close()
         for handle in handles.values():
             handle.close()
-    partition = {
-        "identity": identity,
-        "documents": counts,
-        "shard_counts": {"train": num_train, "eval": num_eval if counts["eval"] else 0},
-        "corpus_report": reader.stats.report(),
-    }
+    partition = dealer.partition(reader, identity)
     write_json(work / "partition.json", partition)
     log.info("Corpus: %s", partition["corpus_report"])
     return partition

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,8 +61,12 @@ def worker_init(workers: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
-def write_shard(task: ShardTask) -> ShardStats:
-    """Write one shard atomically and its statistics beside it; return the statistics."""
+def write_shard(task: ShardTask, lines: Iterable[str] | None = None) -> ShardStats:
+    """Write one shard atomically and its statistics beside it; return the statistics.
+
+    The documents come from the task's work file, or from ``lines`` in the work file's format (the
+    Beam pipeline hands them over this way): either way the same blocks, so the same bytes.
+    """
     from .tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(task.vocab_file, do_lower_case=task.settings["do_lower_case"])
@@ -71,7 +75,8 @@ def write_shard(task: ShardTask) -> ShardStats:
     record_writer = AtomicRecordWriter(Path(task.out) / task.name)
     try:
         block_number = -1
-        for block_number, block in enumerate(read_blocks(task.work_file)):
+        blocks = read_blocks(task.work_file) if lines is None else blocks_of_lines(lines)
+        for block_number, block in enumerate(blocks):
             record_writer.write_all(writer.block_records(block, block_number, stats))
         record_writer.write_all(writer.last_records(block_number + 1, stats))
         stats.sha256 = record_writer.close()
@@ -97,22 +102,32 @@ def shard_complete(out: Path, name: str) -> ShardStats | None:
 
 def read_blocks(path: Path) -> Iterator[list[list[str]]]:
     """Documents of a work file, in blocks of about ``BLOCK_CHARS`` characters."""
+    with open(path, encoding="utf-8") as handle:
+        yield from blocks_of_lines(handle)
+
+
+def work_text(doc: list[str]) -> str:
+    """One document as a work file holds it: a sentence a line, a blank line after."""
+    return "\n".join(doc) + "\n\n"
+
+
+def blocks_of_lines(lines: Iterable[str]) -> Iterator[list[list[str]]]:
+    """Documents of work-file lines (a blank line ends one), in blocks of about ``BLOCK_CHARS`` characters."""
     block: list[list[str]] = []
     doc: list[str] = []
     chars = 0
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.rstrip("\n")
-            if line:
-                doc.append(line)
-                chars += len(line)
-                continue
-            if doc:
-                block.append(doc)
-                doc = []
-                if chars >= BLOCK_CHARS:
-                    yield block
-                    block, chars = [], 0
+    for line in lines:
+        line = line.rstrip("\n")
+        if line:
+            doc.append(line)
+            chars += len(line)
+            continue
+        if doc:
+            block.append(doc)
+            doc = []
+            if chars >= BLOCK_CHARS:
+                yield block
+                block, chars = [], 0
     if doc:
         block.append(doc)
     if block:

@@ -236,6 +236,11 @@ class JaxTrainer:
             totals = add_sums(totals, jax.device_get(self._eval_step(self.state, batch)))
         return metrics_from_sums(totals) if totals.get("examples") else None
 
+    is_chief = True  # one machine: JAX's multi-host training is not offered yet
+
+    def any_worker(self, flag: bool) -> bool:
+        return flag
+
     def schedule_config(self) -> dict:
         """What every checkpoint's metadata records of the schedule, for :meth:`resume_schedule`."""
         return {"name": "linear", "num_warmup_steps": self.settings.num_warmup_steps,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from ..runtime import tpu_vm_present
+from .cluster import Cluster, find_cluster, multi_worker_strategy
 from .tpu import AcceleratorError, connect_tpu, no_tpu_error
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,12 @@ class Accelerator:
     jit_compile: bool = False
     devices: list[str] = field(default_factory=list)
     hardware: str = ""  # what a TPU system reported (type, chips, cores)
+    cluster: Cluster | None = None  # several machines (MultiWorkerMirroredStrategy); None for one
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder (the only one on one machine)."""
+        return self.cluster is None or self.cluster.is_chief
 
     @property
     def num_replicas(self) -> int:
@@ -55,12 +62,21 @@ def gpu_supports_float16(gpus) -> bool:
 
 
 def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_compile: str = "auto",
-                       tpu_name: str = "local") -> Accelerator:
-    """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in."""
+                       tpu_name: str = "local", worker_hosts: str = "", task_index: int = 0) -> Accelerator:
+    """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in.
+
+    A TPU pod slice is one named TPU (``tpu_name``) whose hosts each feed their replicas; several GPU or CPU
+    machines (``worker_hosts`` or ``TF_CONFIG``) train with MultiWorkerMirroredStrategy (:mod:`.cluster`).
+    """
     strategy, kind, devices, hardware = None, None, [], ""
+    cluster = find_cluster(worker_hosts, task_index) if requested != "tpu" else None
     if requested == "tpu" and not tpu_vm_present() and tpu_name in ("", "local"):
         raise no_tpu_error()
-    if requested == "tpu" or (requested == "auto" and tpu_vm_present()):
+    if cluster is not None:
+        strategy = multi_worker_strategy(cluster)
+        kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+        devices = [d.name for d in tf.config.list_logical_devices(kind.upper())]
+    elif requested == "tpu" or (requested == "auto" and tpu_vm_present()):
         strategy, tpu = connect_tpu(tpu_name)
         kind, hardware = "tpu", tpu.describe()
         devices = [d.name for d in tf.config.list_logical_devices("TPU")]
@@ -88,7 +104,7 @@ def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_
         else:
             precision = "float32"
     jit = {"on": True, "off": False}.get(jit_compile, kind in ("tpu", "gpu"))
-    acc = Accelerator(kind, strategy, precision, jit, devices, hardware)
+    acc = Accelerator(kind, strategy, precision, jit, devices, hardware, cluster)
     log.info("Accelerator: %s", acc.describe())
     return acc
 

@@ -69,11 +69,12 @@ class EventFile:
 class ScalarLog:
     """The run's train and eval curves (``logs/train``, ``logs/eval``) as TensorBoard scalars."""
 
-    def __init__(self, run: RunFolder):
-        self.files = {split: EventFile(run.logs / split) for split in SPLITS}
+    def __init__(self, run: RunFolder, enabled: bool = True):
+        self.files = {split: EventFile(run.logs / split) for split in SPLITS} if enabled else {}
 
     def write(self, split: str, metrics: dict, step: int) -> None:
-        self.files[split].write(step, metrics)
+        if self.files:  # disabled on a worker other than the chief, which writes the run's logs
+            self.files[split].write(step, metrics)
 
     def close(self) -> None:
         for file in self.files.values():

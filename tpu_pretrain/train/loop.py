@@ -13,6 +13,7 @@ stays the newest.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -60,6 +61,10 @@ class Trainer(Protocol):
     def learning_rate(self) -> float: ...
 
     def schedule_config(self) -> dict: ...
+
+    is_chief: bool  # whether this process writes the run folder (one writer when several machines train)
+
+    def any_worker(self, flag: bool) -> bool: ...
 
     def resume_schedule(self, recorded: dict | None) -> None: ...
 
@@ -169,7 +174,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
                  set_aside_damaged_checkpoints: bool = False) -> TrainResult:
     """The loop, holding the run folder's lock: resume, train in chunks, log, evaluate, checkpoint, stop in time."""
     run = RunFolder(output_dir)
-    with RunLock(run.lock_file):
+    with RunLock(run.lock_file) if trainer.is_chief else contextlib.nullcontext():
         return _run_locked(trainer, run, progress, set_aside_damaged_checkpoints)
 
 
@@ -178,7 +183,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     output_dir = str(run.path)
     manager, mirror = _checkpoints(trainer, run)
     throughput = Throughput(_resume(trainer, run, manager, set_aside_damaged))
-    scalars = ScalarLog(run)
+    scalars = ScalarLog(run, enabled=trainer.is_chief)  # several machines: the chief writes the run's logs
     result = TrainResult(output_dir=output_dir, steps=trainer.step)
     if trainer.step == 0:
         result.initial_eval = _evaluate(trainer, scalars, 0, "Eval at step 0")
@@ -192,7 +197,8 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
             seconds = time.perf_counter() - tick
             _check_finite(trainer, manager, metrics, step, target)
             throughput.record(target - step, seconds)
-            _append_example_ids(trainer, run)
+            if trainer.is_chief:
+                _append_example_ids(trainer, run)
             metrics.update(steps_per_second=throughput.steps_per_second,
                            examples_per_second=throughput.steps_per_second * t.train_batch_size,
                            learning_rate=trainer.learning_rate())
@@ -214,6 +220,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     result.seconds_to_first_step = throughput.seconds_to_first_step
     if not result.stopped_reason:
         result.final_eval = _evaluate(trainer, scalars, result.steps, f"Final eval at step {result.steps}")
+    if not result.stopped_reason and trainer.is_chief:
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
@@ -227,6 +234,10 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
     """The run's checkpoint manager, and the mirror it copies to (with the run's transfer settings)."""
     s = trainer.config.storage
     mirror = None
+    if not trainer.is_chief:  # one writer: the chief; the others take part in its saves
+        from .cluster import FollowerCheckpoints
+
+        return FollowerCheckpoints(run.checkpoints, trainer.checkpoint_state()), None
     if s.mirror_dir:
         from ..storage import drive
 
@@ -243,8 +254,9 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     run.check_can_resume(identity)
     restored = manager.restore_latest(set_aside_damaged)
     trainer.resume_schedule(restored.metadata.get("lr_schedule") if restored else None)
-    run.write_run_files(trainer.config, trainer.bert_config, trainer.vocab_file)
-    run.record_identity(identity)
+    if trainer.is_chief:
+        run.write_run_files(trainer.config, trainer.bert_config, trainer.vocab_file)
+        run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:
         return 0.0
@@ -278,6 +290,8 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
         _evaluate(trainer, scalars, step, f"Eval at step {step}")
     stop_reason = guard.should_stop(next_chunk_seconds=seconds)
+    if trainer.any_worker(stop_reason is not None):  # several machines stop together
+        stop_reason = stop_reason or "another worker is stopping"
     stopping = stop_reason is not None and step < total
     if step % t.save_checkpoints_steps == 0 or step == total or stopping:
         if not trainer.weights_finite():

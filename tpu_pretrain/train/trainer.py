@@ -62,7 +62,8 @@ class Trainer:
         t = config.train
         check_data_fills_a_batch(t, self.data)
         self.accelerator = accelerator or detect_accelerator(
-            t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name)
+            t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name,
+            worker_hosts=t.worker_hosts, task_index=t.task_index)
         self.strategy = self.accelerator.strategy
         replicas = self.accelerator.num_replicas
         check_batch_split(t, replicas)
@@ -252,7 +253,7 @@ class Trainer:
         return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables)
 
     def learning_rate(self) -> float:
-        return float(self._inner_optimizer().learning_rate)
+        return float(tf.convert_to_tensor(self._inner_optimizer().learning_rate))  # a MirroredVariable on workers
 
     def _inner_optimizer(self):
         return getattr(self.optimizer, "inner_optimizer", self.optimizer)
@@ -287,6 +288,19 @@ class Trainer:
     @property
     def precision(self) -> str:
         return self.accelerator.precision
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder (one writer when several machines train)."""
+        return self.accelerator.is_chief
+
+    def any_worker(self, flag: bool) -> bool:
+        """``flag`` agreed over every worker (all must call it at the same step); itself on one machine."""
+        if self.accelerator.cluster is None:
+            return flag
+        from .cluster import any_worker
+
+        return any_worker(self.strategy, flag)
 
     def describe(self) -> str:
         return f"TensorFlow, {self.accelerator.describe()}"

@@ -1,0 +1,165 @@
+"""Corpus URLs: a real HTTP server on loopback (Range, ETag, throttled), a download killed part-way and
+continued, checksums, the cache, and zip/gzip corpora read as streams."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+
+import pytest
+from corpora import WIKITEXT, needs_corpora
+
+from tpu_pretrain.config import CorpusConfig
+from tpu_pretrain.data.corpus import CorpusReader
+from tpu_pretrain.storage.download import DownloadError, cached_path, fetch
+
+
+class FileServer:
+    """Serves files from a dict over HTTP on loopback, honouring Range and If-Range; records each request."""
+
+    def __init__(self, files: dict[str, bytes], chunk: int = 16 << 10, delay: float = 0.0, ranges: bool = True):
+        self.files, self.chunk, self.delay, self.ranges = files, chunk, delay, ranges
+        self.requests: list[dict] = []
+        self.bytes_sent = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                server.handle(self)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+
+    def handle(self, request) -> None:
+        name = request.path.lstrip("/")
+        self.requests.append({"path": name, "range": request.headers.get("Range")})
+        if name not in self.files:
+            request.send_error(404)
+            return
+        data = self.files[name]
+        etag = '"' + hashlib.md5(data).hexdigest() + '"'
+        start = 0
+        match = re.match(r"bytes=(\d+)-$", request.headers.get("Range") or "")
+        if self.ranges and match and request.headers.get("If-Range") in (None, etag):
+            start = int(match.group(1))
+            request.send_response(206)
+            request.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            request.send_response(200)
+        request.send_header("Content-Length", str(len(data) - start))
+        request.send_header("ETag", etag)
+        request.end_headers()
+        try:
+            for offset in range(start, len(data), self.chunk):
+                piece = data[offset:offset + self.chunk]
+                request.wfile.write(piece)
+                self.bytes_sent += len(piece)
+                time.sleep(self.delay)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("TPU_PRETRAIN_CACHE_DIR", str(folder))
+    return folder
+
+
+@needs_corpora
+def test_a_killed_download_continues_with_a_range_request_and_ends_checksummed(tmp_path, cache):
+    data = gzip.compress(WIKITEXT.read_bytes(), mtime=0)
+    digest = hashlib.sha256(data).hexdigest()
+    server = FileServer({"wiki.txt.gz": data}, delay=0.02)  # about 800 KB/s: the kill lands part-way
+    url = server.url("wiki.txt.gz")
+    part = cached_path(url).with_name("wiki.txt.gz.part")
+    env = {**os.environ, "TPU_PRETRAIN_CACHE_DIR": str(cache)}
+    code = f"from tpu_pretrain.storage.download import fetch; fetch({url + '#sha256=' + digest!r})"
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], env=env)
+        deadline = time.time() + 60
+        while not (part.exists() and part.stat().st_size > 64 << 10) and time.time() < deadline:
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        kept = part.stat().st_size
+        assert 0 < kept < len(data), "the kill did not land part-way through the download"
+        server.delay = 0
+        # The restart is the real CLI reading the corpus from the URL (checksum given), building a vocab.
+        done = subprocess.run([sys.executable, "-m", "tpu_pretrain", "vocab", "--input", f"{url}#sha256={digest}",
+                               "--output_dir", str(tmp_path / "vocab"), "--vocab_size", "600",
+                               "--vocab_sample_lines", "2000"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        resumed = server.requests[-1]
+        assert resumed["range"] is not None and int(resumed["range"][6:-1]) >= kept
+        assert server.bytes_sent < len(data) + kept, "the restart fetched the whole file again"
+        final = cached_path(url)
+        assert hashlib.sha256(final.read_bytes()).hexdigest() == digest
+        assert not part.exists()
+        assert (tmp_path / "vocab" / "vocab.txt").is_file()
+        requests = len(server.requests)
+        assert fetch(f"{url}#sha256={digest}") == final
+        assert len(server.requests) == requests, "a complete file was fetched again"
+    finally:
+        server.close()
+
+
+def test_a_wrong_checksum_is_an_error_naming_the_url(cache):
+    server = FileServer({"c.txt": b"one line\nanother line\n"})
+    url = server.url("c.txt")
+    try:
+        with pytest.raises(DownloadError, match=re.escape(url) + ".*sha256"):
+            fetch(url + "#sha256=" + "0" * 64)
+        with pytest.raises(DownloadError, match=re.escape(server.url("missing.txt")) + ".*404"):
+            fetch(server.url("missing.txt"))
+        with pytest.raises(DownloadError, match="#sha256=<hex>"):
+            fetch(url + "#latest")
+    finally:
+        server.close()
+
+
+def test_a_server_without_ranges_sends_the_file_again_whole(cache):
+    data = os.urandom(300_000)
+    server = FileServer({"r.bin": data}, ranges=False)
+    url = server.url("r.bin")
+    part = cached_path(url).with_name("r.bin.part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"stale bytes from another file")
+    part.with_name("r.bin.part.json").write_text('{"validator": "\\"old\\"", "size": 300000}')
+    try:
+        assert fetch(url + "#md5=" + hashlib.md5(data).hexdigest()).read_bytes() == data
+    finally:
+        server.close()
+
+
+def test_zip_and_gzip_corpora_are_read_as_streams(tmp_path):
+    first, second = "First document line.\nIts second line.\n", "Another document.\n\nAnd a third one.\n"
+    archive = tmp_path / "corpus.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as handle:
+        handle.writestr("b.txt", second)
+        handle.writestr("a.txt", first)
+        handle.writestr("folder/", "")
+    packed = tmp_path / "plain.gz"
+    packed.write_bytes(gzip.compress((first + "\n" + second).encode()))
+    docs = list(CorpusReader([str(archive)], CorpusConfig()).documents())
+    assert docs == [["First document line.", "Its second line."], ["Another document."], ["And a third one."]]
+    assert list(CorpusReader([str(packed)], CorpusConfig()).documents()) == docs

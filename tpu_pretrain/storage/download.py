@@ -1,0 +1,187 @@
+"""Corpus files named by URL (``https://``, ``http://``, ``gs://``), fetched once into the local cache.
+
+A corpus of tens of gigabytes is read several times (vocab, create-data), so it is fetched once: into
+``<cache>/downloads/<hash of the URL>/<file name>``, under a ``.part`` name while it arrives. An HTTP
+download that stops (a dropped connection, a killed process) continues where it stopped with a Range
+request; ``If-Range`` with the server's ETag (or Last-Modified) makes a server whose file changed send
+it whole again instead of a mix. The file appears under its final name only when complete, so a
+re-run finds it and fetches nothing. ``gs://`` objects come through :mod:`.transfer` (verified,
+skipped when identical). A checksum the user gives as a URL fragment (``#sha256=<hex>`` or
+``#md5=<hex>``, as pip writes them) is checked on the complete file; a mismatch names the URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from ..environment import environment_override
+from ..errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+REMOTE_SCHEMES = ("http://", "https://", "gs://")
+CHECKSUM_RE = re.compile(r"^(sha256|sha1|md5)=([0-9a-fA-F]+)$")
+BLOCK = 1 << 20
+ATTEMPTS = 5
+TIMEOUT_SECONDS = 60
+
+
+class DownloadError(UserInputError):
+    """A URL could not be fetched, or what arrived is not what its checksum says; the message names the URL."""
+
+
+def is_remote(item: str) -> bool:
+    return str(item).startswith(REMOTE_SCHEMES)
+
+
+def cache_folder() -> Path:
+    """Where downloads are kept: ``TPU_PRETRAIN_CACHE_DIR/downloads`` (default ``~/.cache/tpu_pretrain``)."""
+    root = environment_override("TPU_PRETRAIN_CACHE_DIR")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpu_pretrain"
+    return base / "downloads"
+
+
+def split_checksum(url: str) -> tuple[str, tuple[str, str] | None]:
+    """The URL without its fragment, and the (algorithm, hex digest) the fragment names, if any."""
+    base, _, fragment = url.partition("#")
+    if not fragment:
+        return base, None
+    match = CHECKSUM_RE.match(fragment)
+    if not match:
+        raise DownloadError(f"The fragment of {url} is not a checksum: write it as #sha256=<hex> or #md5=<hex>.")
+    return base, (match.group(1), match.group(2).lower())
+
+
+def cached_path(url: str, cache: Path | None = None) -> Path:
+    """Where ``url`` (without its checksum fragment) is kept once fetched."""
+    name = os.path.basename(urllib.parse.urlparse(url).path) or "download"
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return (cache or cache_folder()) / key / name
+
+
+def fetch(url: str, cache: Path | None = None, progress: bool | None = None) -> Path:
+    """The local path of ``url``'s file, fetched into the cache unless it is there whole already."""
+    base, checksum = split_checksum(url)
+    dest = cached_path(base, cache)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if base.startswith("gs://"):
+        from . import copy
+
+        copy(base, dest, progress=bool(progress))  # verified by crc32c; skipped when identical
+    elif not dest.is_file():
+        _http_download(base, dest, progress)
+    else:
+        log.info("Using %s, fetched before from %s.", dest, base)
+    if checksum:
+        _check(base, dest, *checksum)
+    return dest
+
+
+def _check(url: str, path: Path, algorithm: str, expected: str) -> None:
+    got = file_digest(path, algorithm)
+    if got != expected:
+        raise DownloadError(
+            f"{url}: the downloaded file's {algorithm} is {got}, not the {expected} given. If the checksum given "
+            f"is wrong, correct it (nothing is fetched again); if the file on the server changed or arrived "
+            f"damaged, delete {path} and run again to fetch it anew.")
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    """The file's digest, remembered beside it (by size and time) so a re-run does not read it again."""
+    memo = path.with_name(path.name + ".digests.json")
+    stat = path.stat()
+    stamp = [stat.st_size, stat.st_mtime_ns]
+    known = _read_json(memo)
+    if known.get("stamp") == stamp and algorithm in known:
+        return known[algorithm]
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(BLOCK):
+            digest.update(chunk)
+    known = {**(known if known.get("stamp") == stamp else {}), "stamp": stamp, algorithm: digest.hexdigest()}
+    memo.write_text(json.dumps(known))
+    return known[algorithm]
+
+
+def _http_download(url: str, dest: Path, progress: bool | None) -> None:
+    """Fetch ``url`` to ``dest`` through ``dest.part``, resuming a partial file; retried on dropped connections."""
+    part = dest.with_name(dest.name + ".part")
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            if _fetch_part(url, part, progress):
+                break
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            if isinstance(exc, urllib.error.HTTPError) and exc.code < 500:
+                raise DownloadError(f"{url} cannot be fetched: HTTP {exc.code} {exc.reason}.") from None
+            if attempt == ATTEMPTS:
+                raise DownloadError(f"{url} cannot be fetched after {ATTEMPTS} attempts ({exc}); run again to "
+                                    f"continue from the {part.stat().st_size if part.exists() else 0} bytes "
+                                    "already here.") from None
+            log.warning("Download of %s stopped (%s); continuing (attempt %d of %d).", url, exc, attempt + 1,
+                        ATTEMPTS)
+            time.sleep(min(30, 2 ** attempt))
+    os.replace(part, dest)
+    part.with_name(part.name + ".json").unlink(missing_ok=True)
+
+
+def _fetch_part(url: str, part: Path, progress: bool | None) -> bool:
+    """Append the rest of ``url`` to ``part`` (or start it over); True when ``part`` is complete."""
+    from tqdm.auto import tqdm
+
+    meta_file = part.with_name(part.name + ".json")
+    meta = _read_json(meta_file)
+    have = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": "tpu-pretrain", "Accept-Encoding": "identity"}
+    if have and meta.get("validator"):
+        headers |= {"Range": f"bytes={have}-", "If-Range": meta["validator"]}
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_SECONDS)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have and have == meta.get("size"):
+            return True  # the partial file was already whole
+        raise
+    with response:
+        if response.status == 206 and _range_start(response) == have:
+            total = have + int(response.headers.get("Content-Length", 0)) if response.headers.get(
+                "Content-Length") else meta.get("size")
+            mode = "ab"
+            log.info("Continuing the download of %s at byte %d.", url, have)
+        else:  # the whole file: a fresh start, a server without ranges, or one whose file changed
+            have, mode = 0, "wb"
+            length = response.headers.get("Content-Length")
+            total = int(length) if length else None
+            validator = response.headers.get("ETag") or response.headers.get("Last-Modified")
+            meta_file.write_text(json.dumps({"url": url, "validator": validator, "size": total}))
+        bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=os.path.basename(part.name[:-5]),
+                   disable=(not progress) if progress is not None else None)
+        with open(part, mode) as out, bar:
+            while chunk := response.read1(BLOCK):  # what has arrived: a stop keeps it
+                out.write(chunk)
+                bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+    size = part.stat().st_size
+    if total is not None and size != total:
+        raise ConnectionError(f"the connection closed after {size} of {total} bytes")
+    return True
+
+
+def _range_start(response) -> int | None:
+    match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+    return int(match.group(1)) if match else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}

@@ -1,0 +1,111 @@
+"""Training on several machines with TensorFlow's own engine: MultiWorkerMirroredStrategy over GPU or CPU
+machines, configured from ``TF_CONFIG`` or from ``--worker_hosts``/``--task_index``.
+
+Every worker runs the same command on the same run folder (a shared disk, or the checkpoint mirror);
+each input pipeline keeps its share of the one global order (:mod:`.input`), so N workers see the same
+global batches as one process. One writer: the chief (task 0) alone holds the run folder's lock and
+writes checkpoints, logs and the mirror; the others take part in every save (TensorFlow's saves may
+hold collective operations) into a scratch folder they delete, and restore from the chief's
+checkpoints. A stop (deadline, SIGTERM) on any worker is agreed by all, so none waits forever for a
+step the others will not run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+from ..environment import environment_override
+from ..errors import UserInputError
+from .checkpoints import CheckpointInfo, CheckpointManager, CheckpointState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Cluster:
+    """This process's place among the training workers."""
+
+    workers: list[str]
+    task_index: int
+    resolver: tf.distribute.cluster_resolver.ClusterResolver
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_index == 0
+
+
+def find_cluster(worker_hosts: str = "", task_index: int = 0) -> Cluster | None:
+    """The cluster named by the flags, else by ``TF_CONFIG``; None for one machine."""
+    resolvers = tf.distribute.cluster_resolver
+    if worker_hosts:
+        workers = [h.strip() for h in worker_hosts.split(",") if h.strip()]
+        if not 0 <= task_index < len(workers):
+            raise UserInputError(f"--task_index {task_index} is not one of the {len(workers)} --worker_hosts "
+                                 f"(0 to {len(workers) - 1}).")
+        spec = tf.train.ClusterSpec({"worker": workers})
+        resolver = resolvers.SimpleClusterResolver(spec, task_type="worker", task_id=task_index, rpc_layer="grpc")
+    elif environment_override("TF_CONFIG"):
+        try:
+            config = json.loads(environment_override("TF_CONFIG"))
+            workers = list(config["cluster"].get("worker", [])) + list(config["cluster"].get("chief", []))
+            task = config["task"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserInputError(f"TF_CONFIG is not a cluster description ({exc}): see README, 'Training on "
+                                 "several machines'.") from None
+        resolver = resolvers.TFConfigClusterResolver()
+        task_index = 0 if task["type"] == "chief" or (task["index"] == 0 and "chief" not in config["cluster"]) \
+            else task["index"] + 1
+    else:
+        return None
+    if len(workers) < 2:
+        return None
+    return Cluster(workers, task_index, resolver)
+
+
+def multi_worker_strategy(cluster: Cluster) -> tf.distribute.Strategy:
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.AUTO)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver,
+                                                         communication_options=options)
+    log.info("Worker %d of %d (%s).", cluster.task_index, len(cluster.workers),
+             "chief: writes the run folder" if cluster.is_chief else "follows the chief")
+    return strategy
+
+
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether ``flag`` is true on any worker (an all-reduce: every worker must call it at the same step)."""
+    value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+    return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy() > 0)
+
+
+class FollowerCheckpoints:
+    """A non-chief worker's checkpoints: restored from the chief's folder, saved into a scratch folder that is
+    deleted at once (the save is collective; the chief's copy is the one kept)."""
+
+    def __init__(self, chief_directory: Path, state: CheckpointState):
+        self.chief = CheckpointManager(chief_directory, state)
+        self.state = state
+
+    def restore_latest(self, set_aside_damaged: bool = False) -> CheckpointInfo | None:
+        newest = self.chief.newest_valid()
+        if newest is None:
+            return None
+        self.state.read(Path(newest.path))
+        return newest
+
+    def save(self, step: int, metadata: dict | None = None) -> None:
+        scratch = tempfile.mkdtemp(prefix="tpu_pretrain_worker_")
+        try:
+            self.state.write(Path(scratch))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def local_checkpoints(self) -> list[CheckpointInfo]:
+        return self.chief.local_checkpoints()
