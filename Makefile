@@ -9,7 +9,9 @@ STAMP := $(VENV)/.installed
 TPU_VENV := .venv-tpu
 # What the TPU stack job runs with the TPU build: the model, training, resume, checkpoint, export and compilation
 # tests (the HF-parity ones skip: torch is not installed there, its CUDA build's triton crashes beside TensorFlow).
-TPU_STACK_TESTS := tests/train tests/export/test_evaluation_export.py tests/test_tpu_stack.py
+TPU_STACK_TESTS := tests/train/test_model.py tests/train/test_training.py tests/train/test_resume.py \
+	tests/train/test_checkpoints.py tests/train/test_tpu_compilation.py tests/export/test_evaluation_export.py \
+	tests/test_tpu_stack.py
 TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
 .PHONY: install test test-tpu-stack lint demo clean install-jax-stack test-jax-stack
@@ -42,8 +44,8 @@ test-tpu-stack: $(STAMP)
 	$(TPU_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(TPU_STACK_TESTS) -k "$(TPU_STACK_SKIP)"
 
 # -- The JAX backend without TensorFlow or bert4keras, as on Colab's TPU image: .venv-jax --------------
-# Keras 3 + JAX (CPU) and the package's other dependencies; the package itself with --no-deps, since
-# install_requires still names TensorFlow. `make test` runs these tests too (they add ~2 min of install on a
+# Keras 3 + JAX (CPU) and what the package's training and export need; the package itself with --no-deps
+# (its notebook dependencies are not needed here). `make test` runs these tests too (they add ~2 min of install on a
 # fresh clone and ~4 min of tests).
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
