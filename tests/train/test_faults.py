@@ -19,10 +19,7 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 
 import tensorflow as tf  # isort: skip
 
-from tpu_pretrain.config import Config
-from tpu_pretrain.data.create import create_pretraining_data
-from tpu_pretrain.data.sample_corpus import write_sample_corpus
-from tpu_pretrain.data.vocab import build_vocab
+from fault_injection import sample_data
 
 # Lines TensorFlow's C++ start-up and Python logging used to print on every run (never the user's business).
 NOISE = re.compile(r"absl::InitializeLog|Could not find cuda drivers|failed call to cuInit|oneDNN custom operations"
@@ -32,13 +29,7 @@ STOPPED_EARLY = 75
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults_data")
-    corpus = write_sample_corpus(root / "corpus.txt", max_chars=80_000)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5, output_dir=str(root)))
-    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
-                                        max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1,
-                                        num_shards=3, eval_fraction=0.05, workers=1))
-    return root / "data"
+    return Path(sample_data(tmp_path_factory.mktemp("faults_data"), workers=1))
 
 
 def train_args(data_dir, run, steps=8, *extra):

@@ -4,7 +4,6 @@ weights of one process trained with the same global batch."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -14,28 +13,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tpu_pretrain.config import Config
-from tpu_pretrain.data.create import create_pretraining_data
-from tpu_pretrain.data.sample_corpus import write_sample_corpus
-from tpu_pretrain.data.vocab import build_vocab
+from fault_injection import ENV as FAULT_ENV
+from fault_injection import sample_data
 
 import tensorflow as tf  # isort: skip
 
 STEPS = 24
-ENV = {**os.environ, "TF_DETERMINISTIC_OPS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-ENV.pop("TF_CONFIG", None)
+ENV = {key: value for key, value in FAULT_ENV.items() if key != "TF_CONFIG"}  # the workers are given theirs
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("multi_worker_data")
-    corpus = write_sample_corpus(root / "corpus.txt", max_chars=60_000)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5, output_dir=str(root)))
-    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
-                                        max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1,
-                                        num_shards=2, eval_fraction=0.05, workers=1))
-    return str(root / "data")
+    return sample_data(tmp_path_factory.mktemp("multi_worker_data"), max_chars=60_000, num_shards=2, workers=1)
 
 
 def command(data_dir, run, *extra):
