@@ -8,7 +8,7 @@ and the machine, and imports neither framework, so a notebook can make it before
 
 from __future__ import annotations
 
-from .environment import BERT4KERAS_VERSION, installed_version
+from .environment import BERT4KERAS_VERSION, TENSORFLOW_DISTRIBUTIONS, installed_version
 from .errors import UserInputError
 from .runtime import tpu_vm_present
 
@@ -16,7 +16,6 @@ TENSORFLOW, JAX, AUTO = "tensorflow", "jax", "auto"
 BACKENDS = (TENSORFLOW, JAX)
 # TensorFlow distributions that can drive a TPU (the plain and -cpu builds cannot).
 TPU_TENSORFLOW = ("tensorflow-tpu",)
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
 
 
 def tensorflow_installed() -> bool:

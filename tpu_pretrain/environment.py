@@ -29,6 +29,8 @@ BERT4KERAS_VERSION = pins(NO_DEPS)["bert4keras"]  # the package's requirement fi
 # What TensorFlow's PJRT runtime needs on a TPU v5e (Google's keras-rs TPU CI sets the same).
 PJRT_VARIABLES = ("PJRT_DEVICE", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
 MLIR_BRIDGE_FLAG = "--tf_mlir_enable_mlir_bridge=true"
+# The distributions that install TensorFlow's ``tensorflow`` module (any build).
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
 
 # Variables that are not settings of Config: each covers a case Config does not (tests, emulators,
 # sign-in); README.md lists them too.
@@ -125,7 +127,7 @@ def _keras_major(tf) -> int:
 def check_dependencies() -> None:
     """Fail early, with the install command, when TensorFlow, tf-keras or bert4keras is missing or mismatched."""
     problems = []
-    tf_version = installed_version("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
+    tf_version = installed_version(*TENSORFLOW_DISTRIBUTIONS)
     tfk_version = installed_version("tf-keras")
     # Beside the TPU build, tf-keras goes in without its dependency on the standard `tensorflow` wheel.
     no_deps = "--no-deps " if installed_version("tensorflow-tpu") else ""
