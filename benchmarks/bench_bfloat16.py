@@ -30,8 +30,8 @@ import tensorflow as tf
 from pretraining_fixtures import synthetic_data_folder
 
 from tpu_pretrain.config import Config
-from tpu_pretrain.train.accelerator import Accelerator
-from tpu_pretrain.train.trainer import Trainer
+from tpu_pretrain.tf_backend.accelerator import Accelerator
+from tpu_pretrain.tf_backend.trainer import Trainer
 
 
 def curve(data_dir: str, precision: str, args) -> tuple[list[float], dict]:

@@ -31,13 +31,13 @@ from bench_train import train_flops_per_sequence
 
 # isort: on
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.bert_config import bert_config_for_size
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.data_folder import load_manifest, read_data_info
 from tpu_pretrain.data.vocab import build_vocab
 from tpu_pretrain.export.evaluate import held_out_metrics
 from tpu_pretrain.export.rebuild import load_trained_model
-from tpu_pretrain.train.bert_config import bert_config_for_size
-from tpu_pretrain.train.loop import train
+from tpu_pretrain.training import train
 
 RECIPES = ("classic", "modern")
 

@@ -30,10 +30,11 @@ import tensorflow as tf
 
 # isort: on
 from tpu_pretrain.config import Config
-from tpu_pretrain.train.accelerator import detect_accelerator, matmul_peak_flops
-from tpu_pretrain.train.bert_config import bert_config_for_size, training_flops_per_sequence
-from tpu_pretrain.train.optimization import create_optimizer
-from tpu_pretrain.train.trainer import Trainer
+from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence
+from tpu_pretrain.core.schedules import planned
+from tpu_pretrain.tf_backend.accelerator import detect_accelerator, matmul_peak_flops
+from tpu_pretrain.tf_backend.optimization import create_optimizer
+from tpu_pretrain.tf_backend.trainer import Trainer
 
 
 def write_random_shards(folder: str, n: int, seq: int, pred: int, vocab: int) -> None:
@@ -79,8 +80,8 @@ def bench_stock(args, cfg) -> float:
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         intermediate_size=cfg.intermediate_size, hidden_act="gelu", dropout_rate=0.1, max_position=512,
         sequence_length=args.seq)
-    optimizer = create_optimizer(learning_rate=1e-4, num_train_steps=10_000, num_warmup_steps=100,
-                                 variables=model.trainable_variables)
+    schedule = planned(Config.load(learning_rate=1e-4, num_train_steps=10_000, num_warmup_steps=100).train)
+    optimizer = create_optimizer(schedule=schedule, variables=model.trainable_variables)
     model.compile(optimizer=optimizer, loss=["sparse_categorical_crossentropy", "sparse_categorical_crossentropy"])
     rng = np.random.default_rng(0)
     n = args.batch

@@ -6,7 +6,7 @@ Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256
 Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
 NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
 and its input pipeline. FLOPs per sequence:
-:func:`tpu_pretrain.train.bert_config.training_flops_per_sequence`.
+:func:`tpu_pretrain.core.bert_config.training_flops_per_sequence`.
 MFU is stated against (1) ``--peak_tflops`` if given, else the accelerator's published dense peak for the
 precision when the device is known, and (2) a large matmul in the training precision measured here.
 The input pipeline is timed alone too: it must produce sequences faster than the step consumes them.
@@ -27,9 +27,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import numpy as np  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
+from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 from tpu_pretrain.data.data_folder import shard_name  # noqa: E402
 from tpu_pretrain.data.tfrecord import AtomicRecordWriter, encode_examples  # noqa: E402
-from tpu_pretrain.train.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 # Published dense peaks per device, TFLOP/s: (bfloat16, float32 or TF32 as XLA uses it).
 PEAKS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0), "L4": (121.0, 60.0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pretrain.data.data_folder import load_manifest
-from tpu_pretrain.train.input import feature_spec
+from tpu_pretrain.tf_backend.input import feature_spec
 
 
 def read_shards(data_dir, split="train"):

@@ -4,9 +4,9 @@ import pytest
 
 from tpu_pretrain import backend
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.bert_config import bert_config_for_size
+from tpu_pretrain.core.run_folder import RunFolder, run_identity
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.train.bert_config import bert_config_for_size
-from tpu_pretrain.train.run_folder import RunFolder, run_identity
 
 
 def fake_runtime(monkeypatch, installed: dict, tpu_vm: bool):
@@ -48,10 +48,12 @@ def test_a_run_resumes_only_on_the_backend_that_started_it(tmp_path):
     bert = bert_config_for_size("L2-H128", 100)
     run = RunFolder(tmp_path)
     run.record_identity(run_identity(Config.load(backend="tensorflow"), bert, Data()))
-    run.check_can_resume(run_identity(Config.load(), bert, Data()))
+    run.check_can_resume(run_identity(Config.load(backend="tensorflow"), bert, Data()))
     with pytest.raises(UserInputError, match="backend: 'tensorflow' in the run, 'jax' now"):
         run.check_can_resume(run_identity(Config.load(backend="jax"), bert, Data()))
     legacy = run.identity_file.read_text().replace('"backend": "tensorflow",', "")  # a run from before the setting
     assert legacy != run.identity_file.read_text()
     run.identity_file.write_text(legacy)
-    run.check_can_resume(run_identity(Config.load(), bert, Data()))
+    run.check_can_resume(run_identity(Config.load(backend="tensorflow"), bert, Data()))
+    with pytest.raises(UserInputError, match="backend: 'tensorflow' in the run, 'jax' now"):
+        run.check_can_resume(run_identity(Config.load(backend="jax"), bert, Data()))

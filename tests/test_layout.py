@@ -1,5 +1,6 @@
 """The package's shape: layers that import only downwards, no cycles, no borrowed private names, small
-modules and functions, and a data package that never loads TensorFlow."""
+modules and functions, a data package and a run core that never load TensorFlow or JAX, and two sibling
+backends that never import each other."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ LAYERS = (
     ("storage",),
     ("config", "config_checks"),
     ("data",),
-    ("train", "jax_backend"),
+    ("core",),
+    ("tf_backend", "jax_backend"),
+    ("training",),
     ("export",),
     ("cli", "notebook", "demo", "__init__", "__main__"),
 )
@@ -124,6 +127,42 @@ def test_modules_and_functions_stay_small():
                 if length > MAX_FUNCTION_LINES:
                     too_big.append(f"function {name}.{node.name}: {length} lines")
     assert not too_big, "\n".join(too_big)
+
+
+FRAMEWORKS = ("tensorflow", "tf_keras", "bert4keras", "jax", "jaxlib", "keras", "flax")
+
+
+def third_party_imports(path: Path) -> list[tuple[str, int]]:
+    """(top-level module, line) of every import of another distribution, lazy ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name.split(".")[0], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.module.split(".")[0], node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("package", ["data", "core"])
+def test_the_data_package_and_the_run_core_import_no_framework(package):
+    """Not even lazily: a JAX process must never load TensorFlow through the core, nor a data step either."""
+    wrong = [f"{name}:{line} imports {module}" for name, path in ALL.items()
+             if name.startswith(f"tpu_pretrain.{package}") for module, line in third_party_imports(path)
+             if module in FRAMEWORKS]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_backends_are_siblings():
+    """Dropping a backend is deleting its folder: neither imports the other, and JAX's never imports TensorFlow."""
+    wrong = []
+    for name, path in ALL.items():
+        for backend, other, banned in (("jax_backend", "tf_backend", ("tensorflow", "tf_keras", "bert4keras")),
+                                       ("tf_backend", "jax_backend", ("jax", "jaxlib"))):
+            if name.startswith(f"tpu_pretrain.{backend}"):
+                wrong += [f"{name}:{line} imports {t}" for t, _, line in imports(name, path)
+                          if t.startswith(f"tpu_pretrain.{other}")]
+                wrong += [f"{name}:{line} imports {m}" for m, line in third_party_imports(path) if m in banned]
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.slow

@@ -1,12 +1,15 @@
 """Which training backend this runtime uses: TensorFlow with bert4keras, or Keras 3 on JAX.
 
-The TensorFlow path is the project's first path. The JAX path is for runtimes whose images ship JAX with
-a working accelerator runtime but no usable TensorFlow: Colab's TPU image (Python 3.13, no TensorFlow)
-and Kaggle's (``tensorflow-cpu``, which cannot see the TPU). The choice reads installed distributions
-and the machine, and imports neither framework, so a notebook can make it before installing anything.
+Both train the same model from the same data into the same run folder (:mod:`.core`). JAX is the path of
+the free TPUs: Colab's TPU image has no TensorFlow, and Kaggle's ``tensorflow-cpu`` cannot see the TPU.
+The choice reads installed distributions and the machine, and imports neither framework, so a notebook
+can make it before installing anything.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .environment import BERT4KERAS_VERSION, TENSORFLOW_DISTRIBUTIONS, installed_version
 from .errors import UserInputError
@@ -57,3 +60,35 @@ def choose_backend(requested: str = AUTO) -> tuple[str, str]:
         raise UserInputError("Neither backend is installed: pip install 'tpu_pretrain[tensorflow]' or "
                              "'tpu_pretrain[jax]'.")
     return TENSORFLOW, "TensorFlow with bert4keras is installed and can use this machine"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A setting (at some values) that only some backends offer."""
+
+    setting: str
+    used: Callable[[object], bool]  # whether the setting's value asks for the feature
+    backends: tuple[str, ...]
+    what: str
+
+
+# What each backend offers beyond what both do: the one table that settings validation reads, before any data.
+OFFERS = (
+    Offer("worker_hosts", bool, (TENSORFLOW,), "training on several machines"),
+    Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
+    Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
+    Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
+    Offer("lr_schedule", lambda name: name == "wsd", (TENSORFLOW,), "the warmup-stable-decay schedule"),
+    Offer("dynamic_masking", bool, (TENSORFLOW,), "masks drawn anew each time a sequence is read"),
+    Offer("mixed_precision", lambda p: p == "float16", (TENSORFLOW,), "float16 with loss scaling"),
+)
+
+
+def check_offered(backend: str, train_settings) -> None:
+    """Refuse a setting that ``backend`` does not offer, naming the setting and the backend that has it."""
+    for offer in OFFERS:
+        value = getattr(train_settings, offer.setting)
+        if offer.used(value) and backend not in offer.backends:
+            raise UserInputError(
+                f"{offer.setting}={value!r} ({offer.what}) is offered by the {' and '.join(offer.backends)} "
+                f"backend, not {backend}: train with --backend {offer.backends[0]}, or leave {offer.setting} unset.")

@@ -146,6 +146,9 @@ class TrainConfig:
                           "then a cool-down over the last num_cooldown_steps; raise or lower num_train_steps on "
                           "resume to move the cool-down (it never jumps).", choices=("linear", "wsd"), steps=(TRAIN,))
     num_cooldown_steps: int = _f(0, "wsd: steps of the final decay; 0: 20% of num_train_steps.", steps=(TRAIN,))
+    rewarm_steps: int = _f(0, "Resuming a run whose learning rate has decayed to about zero with a larger "
+                           "num_train_steps: warm up again from it to learning_rate over this many steps, then "
+                           "decay again (0: refuse, saying so).", steps=(TRAIN,))
     save_checkpoints_steps: int = _f(1000, "Steps between checkpoints.", steps=(TRAIN,))
     optimizer: str = _f("adamw", "adamw (BERT's Adam with decoupled weight decay) or lamb (large batches).",
                         choices=("adamw", "lamb"), steps=(TRAIN,), pins=(RUN,))
@@ -172,7 +175,7 @@ class TrainConfig:
                                   steps=(TRAIN,), pins=(RUN,))
     train_seed: int = _f(0, "Seed for weight initialisation, data order, dropout and dynamic masks.",
                          steps=(TRAIN,), pins=(RUN,))
-    backend: str = _f("tensorflow", "Training backend: tensorflow (bert4keras, tf-keras), jax (Keras 3 on JAX: the "
+    backend: str = _f("auto", "Training backend: tensorflow (bert4keras, tf-keras), jax (Keras 3 on JAX: the "
                       "TPU path of images without TensorFlow) or auto (jax where TensorFlow cannot use the "
                       "accelerator or is not installed).", choices=("tensorflow", "jax", "auto"), steps=(TRAIN,),
                       pins=(RUN,))

@@ -16,7 +16,7 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
     from .export.evaluate import evaluate
     from .export.plots import plot_run
     from .export.writers import export
-    from .train.loop import train
+    from .training import train
 
     out = Path(output_dir)
     started = time.time()

@@ -14,21 +14,21 @@ import tensorflow as tf
 
 # isort: on
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.bert_config import BertConfig
+from tpu_pretrain.core.weight_names import (
+    google_to_huggingface,
+    huggingface_to_google,
+    read_safetensors,
+    write_safetensors,
+)
 from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.export.evaluate import evaluate
 from tpu_pretrain.export.fill_mask import fill_mask
 from tpu_pretrain.export.plots import plot_run, read_scalars, run_figure
 from tpu_pretrain.export.rebuild import latest_weights, load_trained_model
 from tpu_pretrain.export.writers import export
-from tpu_pretrain.train.bert_config import BertConfig
-from tpu_pretrain.train.model import build_pretraining_model
-from tpu_pretrain.train.weight_names import (
-    google_to_huggingface,
-    huggingface_to_google,
-    read_safetensors,
-    write_safetensors,
-)
-from tpu_pretrain.train.weights import google_weights
+from tpu_pretrain.tf_backend.model import build_pretraining_model
+from tpu_pretrain.tf_backend.weights import google_weights
 
 SEQ, PRED, STEPS = 64, 10, 40
 TOLERANCE = 1e-4
@@ -41,7 +41,7 @@ def run(tmp_path_factory):
         pytest.skip("shared corpora not found")
     from tpu_pretrain.data.create import create_pretraining_data
     from tpu_pretrain.data.vocab import build_vocab
-    from tpu_pretrain.train.loop import train
+    from tpu_pretrain.training import train
 
     root = tmp_path_factory.mktemp("evalrun")
     corpus = root / "corpus.txt"

@@ -5,13 +5,13 @@ import shutil
 
 import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.mirror import fetch_run
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.vocab import build_vocab
 from tpu_pretrain.export.evaluate import evaluate
 from tpu_pretrain.export.writers import export
-from tpu_pretrain.train.loop import train
-from tpu_pretrain.train.mirror import fetch_run
+from tpu_pretrain.training import train
 
 
 def test_a_fetched_run_without_its_data_folder_evaluates_and_exports(tmp_path):

@@ -24,7 +24,7 @@ def minilm_folder():
 def run(tmp_path_factory):
     """A run continued for two steps from a released checkpoint (MiniLM-L6-H384): a well-pretrained encoder."""
     from tpu_pretrain.data.create import create_pretraining_data
-    from tpu_pretrain.train.loop import train
+    from tpu_pretrain.training import train
 
     if not WIKITEXT.is_file():
         pytest.skip("../shared/corpora is absent")

@@ -73,8 +73,8 @@ def test_order_is_a_pure_function_of_seed_and_records_consumed(data_dir):
 
 
 def test_every_weight_matrix_gets_its_own_draw():
+    from tpu_pretrain.core.bert_config import bert_config_for_size
     from tpu_pretrain.jax_backend.model import build_model, google_variables
-    from tpu_pretrain.train.bert_config import bert_config_for_size
 
     model = build_model(bert_config_for_size("L2-H128", 500), 32, 5)
     weights = {name: np.asarray(v.value) for name, v in google_variables(model).items()}
@@ -131,10 +131,10 @@ def test_sigkilled_jax_training_resumes_to_the_same_weights_and_examples(data_di
 def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_transformers(data_dir, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    from tpu_pretrain.core.run_folder import RunFolder
     from tpu_pretrain.data.data_folder import read_data_info
     from tpu_pretrain.jax_backend.input import eval_batches
     from tpu_pretrain.jax_backend.model import build_model, from_google, google_variables
-    from tpu_pretrain.train.run_folder import RunFolder
 
     run = tmp_path / "run"
     run_cli(train_command(data_dir, run, steps=12, extra=JAX_ARGS))

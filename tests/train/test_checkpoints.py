@@ -10,16 +10,17 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 
 import tensorflow as tf  # isort: skip
 
-from tpu_pretrain.storage import auth
-from tpu_pretrain.train.checkpoints import (
+from tpu_pretrain.core.checkpoints import (
     CheckpointError,
     CheckpointManager,
     DamagedCheckpointsError,
     find_checkpoint,
     verify,
 )
-from tpu_pretrain.train.mirror import CheckpointMirror, fetch_run
-from tpu_pretrain.train.run_folder import RunFolder
+from tpu_pretrain.core.mirror import CheckpointMirror, fetch_run
+from tpu_pretrain.core.run_folder import RunFolder
+from tpu_pretrain.storage import auth
+from tpu_pretrain.tf_backend.state import TensorFlowState
 
 
 def make_state(seed=0, width=64):
@@ -27,7 +28,7 @@ def make_state(seed=0, width=64):
     model = tf.keras.Sequential([tf.keras.Input((width,)), tf.keras.layers.Dense(width), tf.keras.layers.Dense(4)])
     optimizer = tf.keras.optimizers.Adam(1e-2)
     optimizer.build(model.trainable_variables)
-    return model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer)
+    return model, optimizer, TensorFlowState(tf.train.Checkpoint(model=model, optimizer=optimizer))
 
 
 def train_a_step(model, optimizer):

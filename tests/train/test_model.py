@@ -10,11 +10,11 @@ import tpu_pretrain  # noqa: F401  (selects Keras 2; must come before tensorflow
 import tensorflow as tf
 
 # isort: on
+from tpu_pretrain.core.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
+from tpu_pretrain.core.weight_names import huggingface_to_google, read_checkpoint_weights
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.train.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
-from tpu_pretrain.train.model import build_pretraining_model
-from tpu_pretrain.train.weight_names import huggingface_to_google, read_checkpoint_weights
-from tpu_pretrain.train.weights import load_init_checkpoint
+from tpu_pretrain.tf_backend.model import build_pretraining_model
+from tpu_pretrain.tf_backend.weights import load_init_checkpoint
 
 
 @pytest.fixture(scope="module")

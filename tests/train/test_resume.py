@@ -16,8 +16,8 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf  # isort: skip
 
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.status import run_status
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.train.status import run_status
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_sigkilled_training_resumes_to_the_same_weights_and_examples(data_dir, t
 
 def test_a_resumed_run_draws_the_same_dropout_masks(data_dir, tmp_path):
     """Dropout on; a constant learning rate, so that stopping at 6 of 12 steps changes nothing but the stop."""
-    from tpu_pretrain.train.loop import train
+    from tpu_pretrain.training import train
 
     settings = dict(data_dir=data_dir, model_size="L2-H128", train_batch_size=8, num_warmup_steps=0,
                     learning_rate=1e-3, end_learning_rate=1e-3, save_checkpoints_steps=6, eval_every_steps=0,
@@ -63,7 +63,7 @@ def test_status_and_continuing_with_safe_and_unsafe_changes(data_dir, tmp_path):
     assert "step 12 of 12" in run_status(run)
     assert len(example_ids_by_step(run)) == 12
     with pytest.raises(UserInputError, match=r"train_batch_size: 8 in the run, 16 now"):
-        from tpu_pretrain.train.loop import train
+        from tpu_pretrain.training import train
 
         config = Config.load(run / "config.json", train_batch_size=16, num_train_steps=16)
         train(config)

@@ -1,4 +1,5 @@
-"""The warmup-stable-decay schedule across sessions: a run trained in its stable phase resumes with a cool-down
+"""The warmup-stable-decay schedule across sessions on the TensorFlow backend (the schedule itself:
+tests/core/test_schedules.py): a run trained in its stable phase resumes with a cool-down
 chosen then, and the learning rate neither jumps nor differs from an uninterrupted run's at any step."""
 
 import json
@@ -15,36 +16,9 @@ import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 from pretraining_fixtures import synthetic_instances, write_shards, write_vocab  # isort: skip
 
 from tpu_pretrain.config import Config
-from tpu_pretrain.train.loop import train
-from tpu_pretrain.train.optimization import WarmupStableDecay, cooldown_start
-from tpu_pretrain.train.resolve import auto_warmup_steps
+from tpu_pretrain.training import train
 
 PEAK = 1e-3
-
-
-def test_the_schedule_warms_up_holds_and_cools_down():
-    schedule = WarmupStableDecay(1.0, num_train_steps=100, num_warmup_steps=10, decay_start=80)
-    assert [round(float(schedule(s)), 4) for s in (0, 5, 10, 50, 80, 90, 100, 120)] == [
-        0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0]
-    assert cooldown_start(100, 0, 10) == 80 and cooldown_start(100, 30, 10) == 70 and cooldown_start(100, 95, 10) == 10
-    assert auto_warmup_steps(5000) == 500 and auto_warmup_steps(1_000_000) == 10_000
-
-
-def test_resuming_never_makes_the_learning_rate_jump():
-    stable = WarmupStableDecay(1.0, 1000, 10, decay_start=800).get_config()
-    # stopping earlier than planned: the cool-down starts at the resumed step
-    shorter = WarmupStableDecay(1.0, 130, 10, decay_start=104)
-    assert "starts now, at step 120" in shorter.resume(120, stable)
-    assert float(shorter(120)) == 1.0 and float(shorter(125)) == pytest.approx(0.5)
-    # during the cool-down, the same end: it goes on as recorded
-    cooling = shorter.get_config()
-    again = WarmupStableDecay(1.0, 130, 10, decay_start=104)
-    assert again.resume(125, cooling) is None and float(again(125)) == pytest.approx(0.5)
-    # during the cool-down, a later end: it decays on from the rate reached
-    longer = WarmupStableDecay(1.0, 150, 10, decay_start=120)
-    assert "re-planned at step 125" in longer.resume(125, cooling)
-    assert float(longer(125)) == pytest.approx(0.5) and float(longer(150)) == 0.0
-    assert float(longer(140)) == pytest.approx(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tpu_pretrain.train import session
+from tpu_pretrain.core import session
 
 
 def test_signals_ask_for_a_clean_stop_and_handlers_are_restored():

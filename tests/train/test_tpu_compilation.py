@@ -35,9 +35,9 @@ SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from tpu_pretrain.config import Config
-    from tpu_pretrain.train.accelerator import Accelerator
-    from tpu_pretrain.train.checkpoints import CheckpointManager
-    from tpu_pretrain.train.trainer import Trainer
+    from tpu_pretrain.tf_backend.accelerator import Accelerator
+    from tpu_pretrain.core.checkpoints import CheckpointManager
+    from tpu_pretrain.tf_backend.trainer import Trainer
 
     data_dir, out, bert_config = sys.argv[1:4]
     try:  # the TPU build has no XLA backend for the CPU ("could not find registered transfer manager")
@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent("""
         return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
     def checkpoints(t):
-        return CheckpointManager(out + "/checkpoints", tf.train.Checkpoint(model=t.model, optimizer=t.optimizer))
+        return CheckpointManager(out + "/checkpoints", t.checkpoint_state())
 
     result, trainers = {"xla_cpu": xla}, {}
     for optimizer in ("adamw", "lamb"):
@@ -165,7 +165,7 @@ def test_token_ids_beyond_the_models_vocab_are_refused_on_the_host(data_dir, tmp
     os.remove(other_tool / MANIFEST)
     (tmp_path / "bert_config.json").write_text(json.dumps(dict(TINY, vocab_size=20)))
     from tpu_pretrain.config import Config
-    from tpu_pretrain.train.trainer import Trainer
+    from tpu_pretrain.tf_backend.trainer import Trainer
 
     config = Config.load(data_dir=str(other_tool), output_dir=str(tmp_path / "run"),
                          bert_config_file=str(tmp_path / "bert_config.json"), train_batch_size=8)

@@ -17,12 +17,14 @@ import tensorflow as tf
 from corpora import WIKITEXT
 from pretraining_fixtures import synthetic_data_folder
 
+from tpu_pretrain.config import Config
+from tpu_pretrain.core.schedules import planned
 from tpu_pretrain.data.data_folder import read_data_info
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.train import accelerator as acc
-from tpu_pretrain.train import tpu
-from tpu_pretrain.train.input import DynamicMasking, dynamic_mask, make_dataset
-from tpu_pretrain.train.optimization import WarmupPolynomialDecay, create_optimizer
+from tpu_pretrain.tf_backend import accelerator as acc
+from tpu_pretrain.tf_backend import tpu
+from tpu_pretrain.tf_backend.input import DynamicMasking, dynamic_mask, make_dataset
+from tpu_pretrain.tf_backend.optimization import PlannedSchedule, create_optimizer
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, T, P = 200, 32, 5
@@ -118,13 +120,14 @@ def test_dynamic_masking_remasks_real_tokens_only(data_dir):
 
 
 def test_schedule_and_weight_decay_exclusions():
-    schedule = WarmupPolynomialDecay(1.0, num_train_steps=100, num_warmup_steps=10)
-    assert [round(float(schedule(s)), 4) for s in (0, 5, 10, 55, 100)] == [0.0, 0.5, 0.9, 0.45, 0.0]
+    schedule = PlannedSchedule(planned(Config.load(learning_rate=1.0, num_train_steps=100, num_warmup_steps=10).train))
+    assert [round(float(schedule(s)), 4) for s in (0, 5, 10, 55, 100)] == [0.0, 0.5, 0.9, 0.45, 0.0]  # in the graph
     for name in ("adamw", "lamb"):
         kernel = tf.Variable(np.ones((4, 4), np.float32), name="dense/kernel")
         bias = tf.Variable(np.ones(4, np.float32), name="dense/bias")
-        opt = create_optimizer(optimizer=name, learning_rate=0.1, num_train_steps=10, num_warmup_steps=0,
-                               weight_decay_rate=0.5, variables=[kernel, bias])
+        constant = planned(Config.load(learning_rate=0.1, num_train_steps=10, num_warmup_steps=0,
+                                       lr_schedule="wsd", num_cooldown_steps=1).train)
+        opt = create_optimizer(schedule=constant, optimizer=name, weight_decay_rate=0.5, variables=[kernel, bias])
         opt.apply_gradients([(tf.zeros((4, 4)), kernel), (tf.zeros(4), bias)])
         assert kernel.numpy()[0, 0] < 1.0 and bias.numpy()[0] == 1.0, name  # decay on kernels only
 
@@ -135,9 +138,9 @@ EQUIVALENCE_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from tpu_pretrain.train.accelerator import Accelerator
+    from tpu_pretrain.tf_backend.accelerator import Accelerator
     from tpu_pretrain.config import Config
-    from tpu_pretrain.train.trainer import Trainer
+    from tpu_pretrain.tf_backend.trainer import Trainer
 
     def curve(strategy, k):
         config = Config.load(data_dir=sys.argv[1], output_dir=sys.argv[2], model_size="L2-H128",
@@ -193,7 +196,7 @@ def test_train_cli_writes_run_folder_and_learns(data_dir, tmp_path):
 
 def test_train_leaves_the_callers_config_unchanged(data_dir, tmp_path):
     from tpu_pretrain.config import Config
-    from tpu_pretrain.train.loop import train
+    from tpu_pretrain.training import train
 
     config = Config.load(data_dir=data_dir, output_dir=str(tmp_path / "run"), model_size="L2-H128",
                          train_batch_size=8, num_train_steps=1, num_warmup_steps=0, eval_every_steps=0)
@@ -207,7 +210,7 @@ def test_train_leaves_the_callers_config_unchanged(data_dir, tmp_path):
 
 def test_batch_must_divide_and_model_must_be_named(data_dir, tmp_path):
     from tpu_pretrain.config import Config
-    from tpu_pretrain.train.loop import train
+    from tpu_pretrain.training import train
 
     with pytest.raises(UserInputError, match="model_size"):
         train(Config(), data_dir=data_dir, output_dir=str(tmp_path / "r"), num_train_steps=1, num_warmup_steps=0)
@@ -237,7 +240,7 @@ def test_real_text_mlm_accuracy_rises(tmp_path):
     from tpu_pretrain.config import Config
     from tpu_pretrain.data.create import create_pretraining_data
     from tpu_pretrain.data.vocab import build_vocab
-    from tpu_pretrain.train.loop import train
+    from tpu_pretrain.training import train
 
     vocab = str(tmp_path / "vocab.txt")
     build_vocab(Config.from_kwargs(input=[corpus], vocab_size=2000, num_unused_tokens=10,

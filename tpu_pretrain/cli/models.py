@@ -97,8 +97,8 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
          "next to the same model shape from random initialisation, with the time each took.", (),
          arguments=_probe_arguments)
 def _probe(config: Config, args: argparse.Namespace) -> int:
+    from ..core.run_folder import RunFolder
     from ..export.probe import probe
-    from ..train.run_folder import RunFolder
 
     result = probe(args.run, args.task, args.checkpoint, mode=args.mode, max_seq_length=args.max_seq_length,
                    test_fraction=args.test_fraction, epochs=args.epochs, seed=args.seed,

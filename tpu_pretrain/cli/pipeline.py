@@ -49,7 +49,7 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 @command("train", "Pretrain BERT on the shards of create-data (TPU, GPUs or CPU).", step_settings(TRAIN),
          arguments=_train_arguments)
 def _train(config: Config, args: argparse.Namespace) -> int:
-    from ..train.loop import train
+    from ..training import train
 
     result = train(config, set_aside_damaged_checkpoints=args.set_aside_damaged_checkpoints)
     print(result.summary())
@@ -67,7 +67,7 @@ def _run_argument(parser: argparse.ArgumentParser) -> None:
 @command("status", "Where a run stands: step, newest checkpoint and mirror, time trained, time left.", (),
          arguments=_run_argument)
 def _status(config: Config, args: argparse.Namespace) -> int:
-    from ..train.status import run_status
+    from ..core.status import run_status
 
     print(run_status(args.run))
     return EXIT_OK

@@ -20,7 +20,7 @@ def _tpu_check_arguments(parser: argparse.ArgumentParser) -> None:
          "steps of a tiny BERT, save and restore a checkpoint, release it; one verdict line, the diagnosis on "
          "failure.", (), arguments=_tpu_check_arguments)
 def _tpu_check(config: Config, args: argparse.Namespace) -> int:
-    from ..train.tpu_probe import check_tpu
+    from ..tf_backend.tpu_probe import check_tpu
 
     return check_tpu(cpu=args.cpu, timeout=args.timeout)
 

@@ -16,13 +16,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..core.metrics import add_sums, metrics_from_sums
+from ..core.run_folder import EVALUATION, RunFolder
 from ..data.data_folder import read_data_info
 from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..storage.local import check_writable_folder, write_text_atomic
-from ..train.input import parse_batch
-from ..train.metrics import add_sums, metrics_from_sums, pretraining_stats
-from ..train.run_folder import EVALUATION, RunFolder
+from ..tf_backend.input import parse_batch
+from ..tf_backend.stats import pretraining_stats
 from .fill_mask import fill_mask, format_fill_mask
 from .rebuild import TrainedModel, load_trained_model
 

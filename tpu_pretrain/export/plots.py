@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.run_folder import RunFolder
 from ..data.tfrecord import proto_fields, read_records
 from ..errors import UserInputError
-from ..train.run_folder import RunFolder
 
 # Panels: title and the scalar tags drawn in it (each for train and eval where present).
 PANELS = (("Loss", ("loss", "mlm_loss", "nsp_loss")),

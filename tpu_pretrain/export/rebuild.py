@@ -2,7 +2,7 @@
 checkpoint's.
 
 Evaluation and export both start from "the model of this run", so the rebuild lives here: the run folder
-says where its configuration, model shape, vocab and checkpoints are (:mod:`..train.run_folder`), and
+says where its configuration, model shape, vocab and checkpoints are (:mod:`..core.run_folder`), and
 the weights are restored into a float32 model whatever precision training used.
 """
 
@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Config
+from ..core.bert_config import BertConfig, checkpoint_bert_config
+from ..core.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
+from ..core.run_folder import RunFolder, trained_vocab_file
+from ..core.weight_names import HF_WEIGHT_FILES, tf_checkpoint_prefix
 from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..jax_backend.state import is_jax_checkpoint, read_weights
-from ..train.bert_config import BertConfig, checkpoint_bert_config
-from ..train.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
-from ..train.model import PretrainingModel, build_pretraining_model
-from ..train.run_folder import RunFolder, run_vocab_file
-from ..train.weight_names import HF_WEIGHT_FILES, tf_checkpoint_prefix
-from ..train.weights import has_pooler, load_google_weights, load_init_checkpoint
+from ..tf_backend.model import PretrainingModel, build_pretraining_model
+from ..tf_backend.weights import has_pooler, load_google_weights, load_init_checkpoint
 
 tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
@@ -161,7 +161,7 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
                                      not config.data.no_nsp)
         weights, untrained = restore_weights(pretraining, weights)
         lower = config.data.do_lower_case if do_lower_case is None else do_lower_case
-        return TrainedModel(pretraining, run_vocab_file(run, config), lower, weights,
+        return TrainedModel(pretraining, trained_vocab_file(run, config), lower, weights,
                             step, source, config, untrained)
     bert_config = checkpoint_bert_config(checkpoint or source)
     if bert_config is None:

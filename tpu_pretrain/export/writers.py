@@ -2,7 +2,7 @@
 
 Both formats start from one dict of weights under Google's BERT names (bert4keras's
 ``variable_mapping`` for a TensorFlow model, the ``state.npz`` names for a JAX run); the renaming both
-ways lives in :mod:`..train.weight_names`, so an export imports back unchanged and is the same whichever
+ways lives in :mod:`..core.weight_names`, so an export imports back unchanged and is the same whichever
 backend trained the model. Neither writer needs torch, transformers or a TF1 session; the Hugging Face
 export of a JAX run needs no TensorFlow at all.
 """
@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.bert_config import BertConfig
+from ..core.checkpoints import find_checkpoint
+from ..core.run_folder import RunFolder, trained_vocab_file
+from ..core.weight_names import google_to_huggingface, write_safetensors
 from ..data.tokenization import load_tokenizer
 from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..jax_backend.state import is_jax_checkpoint, read_weights
-from ..train.bert_config import BertConfig
-from ..train.checkpoints import find_checkpoint
-from ..train.run_folder import RunFolder, run_vocab_file
-from ..train.weight_names import google_to_huggingface, write_safetensors
 from . import FORMATS, HEADS
 
 if TYPE_CHECKING:  # the TensorFlow model; a JAX run exports without TensorFlow
-    from ..train.model import PretrainingModel
+    from ..tf_backend.model import PretrainingModel
     from .rebuild import TrainedModel
 
 
@@ -84,7 +84,7 @@ def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, mo
 def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
                        do_lower_case: bool = True, heads: str = "all", skip=()) -> Path:
     """A Hugging Face folder of a TensorFlow model (see :func:`write_huggingface`)."""
-    from ..train.weights import google_weights
+    from ..tf_backend.weights import google_weights
 
     return write_huggingface(google_weights(pretraining, skip), pretraining.config, output_dir, vocab_file,
                              do_lower_case, heads)
@@ -141,7 +141,7 @@ def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
 def export_tf_checkpoint(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
                          skip=()) -> Path:
     """``bert_model.ckpt``, ``bert_config.json`` and ``vocab.txt`` as in Google's BERT releases."""
-    from ..train.weights import google_weights
+    from ..tf_backend.weights import google_weights
 
     return write_google_checkpoint(google_weights(pretraining, skip), pretraining.config, output_dir, vocab_file)
 
@@ -260,7 +260,7 @@ def _export_jax_run(source, checkpoint: Path, format: str, output_dir, heads: st
     """A JAX run's weights, read with NumPy from its checkpoint, through the same writers."""
     run = RunFolder(source)
     config, bert_config = run.read_config(), run.read_bert_config()
-    weights, vocab = read_weights(checkpoint), run_vocab_file(run, config)
+    weights, vocab = read_weights(checkpoint), trained_vocab_file(run, config)
     if format == "hf":
         return write_huggingface(weights, bert_config, output_dir, vocab, config.data.do_lower_case, heads)
     return write_google_checkpoint(weights, bert_config, output_dir, vocab)

@@ -2,7 +2,7 @@
 
 Post-LayerNorm BERT (embeddings summed and normalised, then self-attention and feed-forward blocks each
 followed by a residual LayerNorm), the MLM head computed only at the masked positions and tied to the
-token embeddings, and an optional NSP head: the shape of :mod:`..train.model` and of Google's BERT, so
+token embeddings, and an optional NSP head: the shape of :mod:`..tf_backend.model` and of Google's BERT, so
 weights move between the backends by Google's checkpoint names (:func:`google_variables`). Every weight
 matrix gets its own truncated-normal draw. keras-hub's BERT layers are not used: keras-hub requires
 ``tensorflow-text``, which brings TensorFlow back in.
@@ -19,8 +19,8 @@ select_keras_backend()
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..train.bert_config import BertConfig  # noqa: E402
-from ..train.weight_names import NSP_WEIGHTS  # noqa: E402
+from ..core.bert_config import BertConfig  # noqa: E402
+from ..core.weight_names import NSP_WEIGHTS  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 

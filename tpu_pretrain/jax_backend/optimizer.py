@@ -1,7 +1,7 @@
 """AdamW and LAMB with BERT's schedule and clipping, as pure functions of arrays (for ``jax.jit``).
 
-The same arithmetic as the TensorFlow backend's optimizers (:mod:`..train.optimization`: tf-keras's
-AdamW and our LAMB): the learning rate is the schedule at the step before the update; gradients are
+The same arithmetic as the TensorFlow backend's optimizers (:mod:`..tf_backend.optimization`: tf-keras's
+AdamW and our LAMB): the learning rate is the core's schedule at the step before the update; gradients are
 clipped to a global norm; AdamW first decays the weights (``w -= w * decay * lr``), then takes the
 bias-corrected Adam step; LAMB scales each weight's step by ``||w|| / ||update||``. LayerNorm weights
 and biases (every 1-D weight) are neither decayed nor trust-scaled, as in BERT.
@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from ..config import TrainConfig
+from ..core import schedules
+from ..core.schedules import Schedule
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,7 @@ class OptimizerSettings:
     """The optimiser's settings (static under ``jax.jit``)."""
 
     optimizer: str
-    learning_rate: float
-    num_train_steps: int
-    num_warmup_steps: int
-    power: float
-    end_learning_rate: float
+    schedule: Schedule
     weight_decay_rate: float
     beta_1: float
     beta_2: float
@@ -34,23 +32,16 @@ class OptimizerSettings:
     clip_norm: float
 
     @classmethod
-    def from_config(cls, t: TrainConfig) -> OptimizerSettings:
+    def from_config(cls, t: TrainConfig, schedule: Schedule) -> OptimizerSettings:
         if t.optimizer not in ("adamw", "lamb"):
             raise ValueError(f"optimizer must be adamw or lamb, not {t.optimizer!r}")
-        return cls(t.optimizer, t.learning_rate, t.num_train_steps, t.num_warmup_steps, t.lr_decay_power,
-                   t.end_learning_rate, t.weight_decay_rate, t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.clip_norm)
+        return cls(t.optimizer, schedule, t.weight_decay_rate, t.adam_beta1, t.adam_beta2, t.adam_epsilon,
+                   t.clip_norm)
 
 
 def learning_rate(s: OptimizerSettings, step):
-    """Linear warmup to the peak, then polynomial decay to ``end_learning_rate`` (``WarmupPolynomialDecay``)."""
-    step = jnp.asarray(step, jnp.float32)
-    decay_steps = float(max(1, s.num_train_steps))
-    fraction = jnp.minimum(step, decay_steps) / decay_steps
-    decayed = (s.learning_rate - s.end_learning_rate) * (1.0 - fraction) ** s.power + s.end_learning_rate
-    if s.num_warmup_steps <= 0:
-        return decayed
-    warmup = s.learning_rate * step / float(s.num_warmup_steps)
-    return jnp.where(step < s.num_warmup_steps, warmup, decayed)
+    """The run core's schedule (:func:`..core.schedules.learning_rate`) at ``step``, in ``jax.numpy``."""
+    return schedules.learning_rate(s.schedule, jnp.asarray(step, jnp.float32), jnp.where, jnp.clip)
 
 
 def global_norm(grads) -> jax.Array:

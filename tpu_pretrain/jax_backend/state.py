@@ -4,7 +4,7 @@ Arrays are stored by name and laid out as in Google's checkpoints: ``params/<Goo
 ``m/<Google name>`` and ``v/<Google name>`` (the optimizer's moments), ``keras/<variable path>``
 (dropout's seed state), and ``step``. Because the weights carry Google's BERT checkpoint names,
 exporting or converting a JAX run needs NumPy alone (:func:`read_weights`), no JAX. The checkpoint
-folder around it (atomic, verified, pruned, mirrored) is :mod:`..train.checkpoints`'s, shared with the
+folder around it (atomic, verified, pruned, mirrored) is :mod:`..core.checkpoints`'s, shared with the
 TensorFlow backend.
 """
 
@@ -36,7 +36,7 @@ def read_weights(folder: str | Path) -> dict[str, np.ndarray]:
 
 
 class JaxState:
-    """The JAX trainer's state as a :class:`..train.checkpoints.CheckpointState`.
+    """The JAX trainer's state as a :class:`..core.checkpoints.CheckpointState`.
 
     ``get`` returns the arrays to save by name; ``put`` takes them back. Reading refuses (ValueError) a
     file whose names or shapes differ from the model being trained; an unreadable file raises otherwise.

@@ -1,14 +1,15 @@
 """The JAX backend's trainer: model, optimizer and input of one configuration, and its compiled steps.
 
-The same guarantees as :mod:`..train.trainer`: losses normalised over the *global* batch (so any number
+The same guarantees as :mod:`..tf_backend.trainer`: losses normalised over the *global* batch (so any number
 of devices, and k accumulated micro-batches, give the same update), several steps per compiled call
 (a ``lax.scan`` over stacked batches), the weights replicated and every batch split over the local
 devices (``jax.sharding``), bfloat16 compute where the accelerator has it, and the input opened at an
-exact step. :func:`..train.loop.run_training` drives it as it drives the TensorFlow trainer.
+exact step. :func:`..core.loop.run_training` drives it as it drives the TensorFlow trainer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -22,42 +23,18 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 
 from ..config import Config  # noqa: E402
-from ..data.data_folder import read_data_info  # noqa: E402
+from ..core.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
+from ..core.resolve import RunPlan  # noqa: E402
+from ..core.schedules import Schedule  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from ..train.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
-from ..train.resolve import (  # noqa: E402
-    check_batch_split,
-    check_data_fills_a_batch,
-    eval_batch_size,
-    resolve_config,
-    run_bert_config,
-    run_vocab_file,
-)
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
 from .model import build_model, from_google, google_variables, to_google  # noqa: E402
 from .state import PARAMS, JaxState  # noqa: E402
+from .stats import pretraining_stats  # noqa: E402
 
 log = logging.getLogger(__name__)
-
-
-def pretraining_stats(outputs, batch: dict, with_nsp: bool) -> dict:
-    """The summed MLM/NSP statistics of :func:`..train.metrics.pretraining_stats`, in ``jax.numpy``."""
-    labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
-    logits = outputs[0].astype(jnp.float32)
-    log_probs = jax.nn.log_softmax(logits)
-    ce = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-    right = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    stats = {"mlm_loss_sum": jnp.sum(ce * weights), "mlm_weight": jnp.sum(weights),
-             "mlm_correct": jnp.sum(right * weights), "examples": jnp.float32(labels.shape[0]),
-             "nsp_loss_sum": jnp.float32(0.0), "nsp_correct": jnp.float32(0.0)}
-    if with_nsp:
-        nsp_logits, nsp_labels = outputs[1].astype(jnp.float32), batch["next_sentence_labels"]
-        nsp_log_probs = jax.nn.log_softmax(nsp_logits)
-        stats["nsp_loss_sum"] = -jnp.sum(jnp.take_along_axis(nsp_log_probs, nsp_labels[:, None], axis=-1))
-        stats["nsp_correct"] = jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels).astype(jnp.float32))
-    return stats
 
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
@@ -67,24 +44,14 @@ class JaxTrainer:
     """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
 
     def __init__(self, config: Config, devices: Devices | None = None):
-        self.data = read_data_info(config.storage.data_dir)
-        self.warmup_was_auto = config.train.num_warmup_steps < 0
-        self.config = config = resolve_config(config, self.data)
-        self.vocab_file = run_vocab_file(config, self.data)
-        t = config.train
-        if t.lr_schedule != "linear":
-            raise UserInputError(f"lr_schedule={t.lr_schedule} is not offered by the JAX backend yet: use "
-                                 "backend=tensorflow, or lr_schedule=linear.")
-        check_data_fills_a_batch(t, self.data)
-        if t.dynamic_masking:
-            raise UserInputError("dynamic_masking is not offered by the JAX backend yet: use backend=tensorflow, or "
-                                 "make the data with a larger dupe_factor.")
+        self.plan = RunPlan.resolve(config)
+        self.config, self.data, self.bert_config = self.plan.config, self.plan.data, self.plan.bert_config
+        self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
+        t = self.config.train
         self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
-        check_batch_split(t, self.devices.num_replicas)
-        self.with_nsp = not config.data.no_nsp
-        self.bert_config = run_bert_config(config, self.data)
+        self.eval_batch_size = self.plan.batch_geometry(self.devices.num_replicas)
         self.steps_per_execution = t.steps_per_execution or self.devices.default_steps_per_execution()
-        self.settings = opt.OptimizerSettings.from_config(t)
+        self.settings = opt.OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
         self.train_batches = None
         self.init_report = None
@@ -105,7 +72,10 @@ class JaxTrainer:
         self.state = self._place({"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
                                   "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)})
         self.decay_mask = opt.decayed(params)
-        self.eval_batch_size = eval_batch_size(self.config.train, self.data, self.devices.num_replicas)
+        self._compile()
+
+    def _compile(self) -> None:
+        """The jitted steps; the optimizer's settings (the schedule among them) are constants in them."""
         replicated = self.devices.replicated()
         self._train_chunk = jax.jit(self._chunk, donate_argnums=(0,), out_shardings=(replicated, replicated))
         self._eval_step = jax.jit(self._eval_stats, out_shardings=replicated)
@@ -117,7 +87,7 @@ class JaxTrainer:
         """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with TensorFlow)."""
         from pathlib import Path
 
-        from ..train.weight_names import HF_WEIGHT_FILES, read_checkpoint_weights
+        from ..core.weight_names import HF_WEIGHT_FILES, read_checkpoint_weights
 
         p = Path(path)
         hf = p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES)
@@ -241,20 +211,11 @@ class JaxTrainer:
     def any_worker(self, flag: bool) -> bool:
         return flag
 
-    def schedule_config(self) -> dict:
-        """What every checkpoint's metadata records of the schedule, for :meth:`resume_schedule`."""
-        return {"name": "linear", "num_warmup_steps": self.settings.num_warmup_steps,
-                "num_train_steps": self.settings.num_train_steps}
-
-    def resume_schedule(self, recorded: dict | None) -> None:
-        """Keep the warmup a checkpoint recorded when it was chosen automatically (before the first step)."""
-        if recorded and self.warmup_was_auto and "num_warmup_steps" in recorded:
-            self.config.train.num_warmup_steps = int(recorded["num_warmup_steps"])
-            self.settings = opt.OptimizerSettings.from_config(self.config.train)
-
-    def learning_rate(self) -> float:
-        """The rate of the last update (as tf-keras reports it)."""
-        return float(opt.learning_rate(self.settings, max(self.step - 1, 0)))
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Follow ``schedule`` (a resumed run's, re-planned by the core): the steps are compiled again with it."""
+        if schedule != self.settings.schedule:
+            self.settings = dataclasses.replace(self.settings, schedule=schedule)
+            self._compile()
 
     @property
     def precision(self) -> str:

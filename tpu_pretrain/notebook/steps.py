@@ -11,7 +11,6 @@ is first fetched from its durable copy.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import signal
@@ -115,7 +114,7 @@ def export(run_dir: str, destination: str | os.PathLike) -> Path:
 
 def fetch_if_missing(run_dir: str, source: str) -> None:
     """On a new runtime, bring the run back from its durable copy so training continues it."""
-    from ..train.mirror import fetch_run
+    from ..core.mirror import fetch_run
 
     if os.path.isfile(os.path.join(run_dir, "config.json")) or not storage.exists(storage.join(source, "config.json")):
         return
@@ -128,14 +127,12 @@ def training_backend(requested: str, run_dir: str) -> str:
     TPU VM, ``auto`` takes the image's own JAX when the kernel's TensorFlow (if any) cannot use the TPU,
     without installing anything (elsewhere the ``tpu-pretrain`` process decides ``auto`` itself)."""
     from ..backend import AUTO, choose_backend
-    from ..train.run_folder import RunFolder
+    from ..training import recorded_backend
 
-    run = RunFolder(run_dir)
-    if requested == AUTO and run.config_file.is_file():
-        recorded = json.loads(run.config_file.read_text()).get("train", {}).get("backend", "")
-        if recorded and recorded != AUTO:
-            print(f"Training backend: {recorded} (the backend this run was started with).")
-            return recorded
+    recorded = recorded_backend(run_dir) if requested == AUTO else None
+    if recorded:
+        print(f"Training backend: {recorded} (the backend this run was started with).")
+        return recorded
     if requested == AUTO and tpu_vm_present():
         backend, why = choose_backend(AUTO)
         print(f"Training backend: {backend} ({why}).")

@@ -121,7 +121,7 @@ class LiveCurves:
 
 def status(run_dir: str | os.PathLike) -> str:
     """Where a run stands: step, newest checkpoint and its mirror, time trained and left."""
-    from ..train.status import run_status
+    from ..core.status import run_status
 
     return run_status(run_dir)
 

@@ -14,70 +14,26 @@ stays the newest.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from ..config import Config
 from ..errors import UserInputError
 from ..formatting import hms
-from ..storage.local import check_writable_folder
-from .bert_config import BertConfig
-from .checkpoints import CheckpointManager, CheckpointState
+from . import schedules
+from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
+from .protocol import Trainer
 from .run_folder import RunFolder, run_identity
 from .run_lock import RunLock
 from .session import SessionGuard, session_deadline
 
 log = logging.getLogger(__name__)
-
-
-class Trainer(Protocol):
-    """What the loop needs of a backend's trainer."""
-
-    config: Config
-    bert_config: BertConfig
-    data: object  # the data folder's DataInfo
-    vocab_file: str  # the vocab it trains with (copied into the run folder)
-    steps_per_execution: int
-    example_ids: list[tuple[int, list[int]]]
-
-    @property
-    def step(self) -> int: ...
-
-    def start_input(self, step: int) -> None: ...
-
-    def train_steps(self, steps: int) -> dict: ...
-
-    def evaluate(self) -> dict | None: ...
-
-    def learning_rate(self) -> float: ...
-
-    def schedule_config(self) -> dict: ...
-
-    is_chief: bool  # whether this process writes the run folder (one writer when several machines train)
-
-    def any_worker(self, flag: bool) -> bool: ...
-
-    def resume_schedule(self, recorded: dict | None) -> None: ...
-
-    def checkpoint_state(self) -> CheckpointState: ...
-
-    def describe(self) -> str: ...
-
-    def weights_finite(self) -> bool: ...
-
-    @property
-    def precision(self) -> str: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -135,41 +91,6 @@ class TrainingDiverged(UserInputError):
     """The loss or the weights are no longer finite; nothing was saved after the last good checkpoint."""
 
 
-def train(config: Config | None = None, *, progress: bool | None = None, set_aside_damaged_checkpoints: bool = False,
-          **kwargs) -> TrainResult:
-    """Pretrain (or continue pretraining) BERT as configured: ``train(data_dir=..., output_dir=..., ...)``.
-
-    The caller's ``config`` is not changed: keyword settings and the data's own settings go into a copy.
-    ``set_aside_damaged_checkpoints``: when every checkpoint of the run is damaged, move them to
-    ``checkpoints/damaged/`` and start from step 0 (otherwise that is refused).
-    """
-    config = copy.deepcopy(config) if config is not None else Config()
-    config.update(kwargs)
-    config.validate()
-    output_dir = config.storage.output_dir
-    if not output_dir:
-        raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
-    check_writable_folder(output_dir)
-    return run_training(make_trainer(config), output_dir, progress=progress,
-                        set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
-
-
-def make_trainer(config: Config) -> Trainer:
-    """The trainer of the configured backend (``auto``: :func:`..backend.choose_backend` decides)."""
-    from ..backend import choose_backend
-
-    backend, reason = choose_backend(config.train.backend)
-    log.info("Training backend: %s (%s).", backend, reason)
-    config.train.backend = backend  # the run records the backend it was trained with
-    if backend == "jax":
-        from ..jax_backend.trainer import JaxTrainer
-
-        return JaxTrainer(config)
-    from .trainer import Trainer as TensorFlowTrainer
-
-    return TensorFlowTrainer(config)
-
-
 def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None,
                  set_aside_damaged_checkpoints: bool = False) -> TrainResult:
     """The loop, holding the run folder's lock: resume, train in chunks, log, evaluate, checkpoint, stop in time."""
@@ -179,7 +100,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
 
 
 def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_aside_damaged: bool) -> TrainResult:
-    t = trainer.config.train
+    t = trainer.plan.config.train
     output_dir = str(run.path)
     manager, mirror = _checkpoints(trainer, run)
     throughput = Throughput(_resume(trainer, run, manager, set_aside_damaged))
@@ -201,7 +122,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
                 _append_example_ids(trainer, run)
             metrics.update(steps_per_second=throughput.steps_per_second,
                            examples_per_second=throughput.steps_per_second * t.train_batch_size,
-                           learning_rate=trainer.learning_rate())
+                           learning_rate=trainer.plan.schedule.rate(max(trainer.step - 1, 0)))
             result.history.append({"step": target, **metrics})
             _show(bar, target, metrics, t.train_batch_size)
             result.stopped_reason = _at_boundary(trainer, target, metrics, scalars, manager, throughput,
@@ -232,11 +153,9 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
 # -- the steps of the loop --------------------------------------------------------------------------
 def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, CheckpointMirror | None]:
     """The run's checkpoint manager, and the mirror it copies to (with the run's transfer settings)."""
-    s = trainer.config.storage
+    s = trainer.plan.config.storage
     mirror = None
     if not trainer.is_chief:  # one writer: the chief; the others take part in its saves
-        from .cluster import FollowerCheckpoints
-
         return FollowerCheckpoints(run.checkpoints, trainer.checkpoint_state()), None
     if s.mirror_dir:
         from ..storage import drive
@@ -250,23 +169,41 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
 def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_aside_damaged: bool) -> float:
     """Check the folder fits this run, restore its newest checkpoint, record the run, open the input at the
     restored step; returns the seconds already trained."""
-    identity = run_identity(trainer.config, trainer.bert_config, trainer.data)
+    plan = trainer.plan
+    identity = run_identity(plan.config, plan.bert_config, plan.data)
     run.check_can_resume(identity)
     restored = manager.restore_latest(set_aside_damaged)
-    trainer.resume_schedule(restored.metadata.get("lr_schedule") if restored else None)
+    _follow_schedule(trainer, restored.metadata.get("lr_schedule") if restored else None)
     if trainer.is_chief:
-        run.write_run_files(trainer.config, trainer.bert_config, trainer.vocab_file)
+        run.write_run_files(plan.config, plan.bert_config, plan.vocab_file)
         run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:
         return 0.0
-    log.info("Resuming from %s: step %d of %d.", restored.path, trainer.step, trainer.config.train.num_train_steps)
+    log.info("Resuming from %s: step %d of %d.", restored.path, trainer.step, trainer.plan.config.train.num_train_steps)
     return restored.metadata.get("train_seconds", 0.0)
+
+
+def _follow_schedule(trainer: Trainer, recorded: dict | None) -> None:
+    """Place the schedule the run follows from the restored step: the one recorded when the settings are the
+    same, else re-planned from the rate reached (:func:`.schedules.resume`); an automatic warmup stays as
+    recorded, since it was chosen from the settings the run started with."""
+    plan, step = trainer.plan, trainer.step
+    t = plan.config.train
+    if recorded and plan.warmup_was_auto:
+        t.num_warmup_steps = int((recorded.get("planned") or {}).get("warmup_end", recorded.get("num_warmup_steps",
+                                                                                               t.num_warmup_steps)))
+        plan.planned_schedule = schedules.planned(t)
+    plan.schedule, change = schedules.resume(plan.planned_schedule, recorded, step, t.rewarm_steps)
+    if change:
+        log.warning("Learning rate: %s.", change)
+    log.info("Learning rate: %s.", plan.schedule.describe())
+    trainer.use_schedule(plan.schedule)
 
 
 def _next_boundary(trainer: Trainer) -> int:
     """The next step where something happens (log, eval, save, the end), at most one compiled call away."""
-    t, step = trainer.config.train, trainer.step
+    t, step = trainer.plan.config.train, trainer.step
     total = t.num_train_steps
 
     def boundary(every: int) -> int:
@@ -279,7 +216,7 @@ def _next_boundary(trainer: Trainer) -> int:
 def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog, manager: CheckpointManager,
                  throughput: Throughput, guard: SessionGuard, seconds: float) -> str | None:
     """Log, evaluate and save as this step calls for; save and return the reason when training must stop."""
-    t = trainer.config.train
+    t = trainer.plan.config.train
     total = t.num_train_steps
     if step % t.log_every_steps == 0 or step == total:
         scalars.write("train", metrics, step)
@@ -298,7 +235,7 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
             raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
                             "steps_per_second": throughput.steps_per_second, "saved_at": time.time(),
-                            "lr_schedule": trainer.schedule_config()})
+                            "lr_schedule": trainer.plan.schedule.record(trainer.plan.planned_schedule)})
     if not stopping:
         return None
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "
@@ -318,7 +255,7 @@ def _check_finite(trainer: Trainer, manager: CheckpointManager, metrics: dict, f
 
 
 def _diverged(trainer: Trainer, manager: CheckpointManager, step: int, what: str) -> TrainingDiverged:
-    t = trainer.config.train
+    t = trainer.plan.config.train
     saved = manager.local_checkpoints()
     kept = (f"The newest checkpoint, {saved[0].path} (step {saved[0].step}), is from before and intact; "
             "nothing was saved after it." if saved else "No checkpoint was saved.")
@@ -340,7 +277,7 @@ def _evaluate(trainer: Trainer, scalars: ScalarLog, step: int, label: str) -> di
 def _progress_bar(trainer: Trainer, progress: bool | None):
     from tqdm.auto import tqdm
 
-    return tqdm(total=trainer.config.train.num_train_steps, initial=trainer.step, unit="step",
+    return tqdm(total=trainer.plan.config.train.num_train_steps, initial=trainer.step, unit="step",
                 disable=(not progress) if progress is not None else None, dynamic_ncols=True, mininterval=1.0)
 
 

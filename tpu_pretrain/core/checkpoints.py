@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,24 +86,6 @@ class CheckpointState(Protocol):
 
     def estimated_bytes(self) -> int: ...
 
-
-class TensorFlowState:
-    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's :class:`CheckpointState`."""
-
-    def __init__(self, checkpoint):
-        self.checkpoint = checkpoint
-
-    def write(self, folder: Path) -> None:
-        self.checkpoint.write(str(folder / TF_PREFIX))
-
-    def read(self, folder: Path) -> None:
-        try:
-            self.checkpoint.read(str(folder / TF_PREFIX)).assert_existing_objects_matched()
-        except AssertionError as exc:
-            raise ValueError(str(exc)) from None
-
-    def estimated_bytes(self) -> int:
-        return estimate_bytes(self.checkpoint)
 
 
 class Mirror(Protocol):
@@ -171,23 +154,14 @@ def find_checkpoint(directory: str | os.PathLike, step: int | None = None) -> Ch
     raise CheckpointError(f"No checkpoint {which} in {directory}.")
 
 
-def estimate_bytes(checkpoint) -> int:
-    """Bytes the variables of a ``tf.train.Checkpoint`` take on disk, plus room for TensorFlow's index."""
-    import tensorflow as tf
-
-    variables = {id(v): v for v in tf.train.TrackableView(checkpoint).descendants() if isinstance(v, tf.Variable)}
-    return sum(v.shape.num_elements() * v.dtype.size for v in variables.values()) + 64 * 1024
-
 
 class CheckpointManager:
     """Saves, lists, prunes and restores the checkpoints in one folder; a mirror copies them away."""
 
     def __init__(self, directory: str | os.PathLike, checkpoint, *, keep_max: int = 5, mirror: Mirror | None = None,
                  safety_margin: int = SAFETY_MARGIN):
-        """``checkpoint``: a :class:`CheckpointState`, or a ``tf.train.Checkpoint`` (wrapped in one)."""
+        """``checkpoint``: the backend's :class:`CheckpointState` (None to only list, verify and fetch)."""
         self.directory = Path(directory)
-        if checkpoint is not None and not hasattr(checkpoint, "estimated_bytes"):
-            checkpoint = TensorFlowState(checkpoint)
         self.checkpoint = checkpoint
         self.keep_max = keep_max
         self.mirror = mirror
@@ -357,3 +331,28 @@ def _fsync_dir(path: Path) -> None:
         _fsync(path)
     except OSError:  # pragma: no cover - some filesystems (Drive's FUSE) refuse directory fsync
         pass
+
+class FollowerCheckpoints:
+    """A non-chief worker's checkpoints: restored from the chief's folder, saved into a scratch folder that is
+    deleted at once (the save is collective; the chief's copy is the one kept)."""
+
+    def __init__(self, chief_directory: Path, state: CheckpointState):
+        self.chief = CheckpointManager(chief_directory, state)
+        self.state = state
+
+    def restore_latest(self, set_aside_damaged: bool = False) -> CheckpointInfo | None:
+        newest = self.chief.newest_valid()
+        if newest is None:
+            return None
+        self.state.read(Path(newest.path))
+        return newest
+
+    def save(self, step: int, metadata: dict | None = None) -> None:
+        scratch = tempfile.mkdtemp(prefix="tpu_pretrain_worker_")
+        try:
+            self.state.write(Path(scratch))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def local_checkpoints(self) -> list[CheckpointInfo]:
+        return self.chief.local_checkpoints()

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from ..core.weight_names import NSP_WEIGHTS, read_checkpoint_weights, tf_checkpoint_prefix
 from ..errors import UserInputError
 from .model import PretrainingModel
-from .weight_names import NSP_WEIGHTS, read_checkpoint_weights, tf_checkpoint_prefix
 
 log = logging.getLogger(__name__)
 

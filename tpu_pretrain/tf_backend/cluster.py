@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import tensorflow as tf
 
 from ..environment import environment_override
 from ..errors import UserInputError
-from .checkpoints import CheckpointInfo, CheckpointManager, CheckpointState
 
 log = logging.getLogger(__name__)
 
@@ -83,29 +79,3 @@ def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     """Whether ``flag`` is true on any worker (an all-reduce: every worker must call it at the same step)."""
     value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
     return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy() > 0)
-
-
-class FollowerCheckpoints:
-    """A non-chief worker's checkpoints: restored from the chief's folder, saved into a scratch folder that is
-    deleted at once (the save is collective; the chief's copy is the one kept)."""
-
-    def __init__(self, chief_directory: Path, state: CheckpointState):
-        self.chief = CheckpointManager(chief_directory, state)
-        self.state = state
-
-    def restore_latest(self, set_aside_damaged: bool = False) -> CheckpointInfo | None:
-        newest = self.chief.newest_valid()
-        if newest is None:
-            return None
-        self.state.read(Path(newest.path))
-        return newest
-
-    def save(self, step: int, metadata: dict | None = None) -> None:
-        scratch = tempfile.mkdtemp(prefix="tpu_pretrain_worker_")
-        try:
-            self.state.write(Path(scratch))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    def local_checkpoints(self) -> list[CheckpointInfo]:
-        return self.chief.local_checkpoints()

@@ -14,23 +14,17 @@ import logging
 import tensorflow as tf
 
 from ..config import Config
-from ..data.data_folder import DataInfo, damaged_shards, read_data_info
+from ..core.metrics import STAT_KEYS, add_sums, metrics_from_sums
+from ..core.resolve import RunPlan
+from ..core.schedules import Schedule
+from ..data.data_folder import DataInfo, damaged_shards
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
-from .bert_config import BertConfig
-from .checkpoints import TensorFlowState
 from .input import DynamicMasking, distributed_dataset
-from .metrics import STAT_KEYS, add_sums, metrics_from_sums, pretraining_stats
 from .model import build_pretraining_model, dropout_seed
-from .optimization import WarmupStableDecay, cooldown_start, create_optimizer
-from .resolve import (
-    check_batch_split,
-    check_data_fills_a_batch,
-    eval_batch_size,
-    resolve_config,
-    run_bert_config,
-    run_vocab_file,
-)
+from .optimization import create_optimizer
+from .state import TensorFlowState
+from .stats import pretraining_stats
 from .weights import load_init_checkpoint
 
 log = logging.getLogger(__name__)
@@ -56,20 +50,15 @@ class Trainer:
     """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
 
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
-        self.data: DataInfo = read_data_info(config.storage.data_dir)
-        self.warmup_was_auto = config.train.num_warmup_steps < 0
-        self.config = config = resolve_config(config, self.data)
-        t = config.train
-        check_data_fills_a_batch(t, self.data)
+        self.plan = RunPlan.resolve(config)
+        self.config, self.data, self.bert_config = self.plan.config, self.plan.data, self.plan.bert_config
+        self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
+        t = self.config.train
         self.accelerator = accelerator or detect_accelerator(
             t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name,
             worker_hosts=t.worker_hosts, task_index=t.task_index)
         self.strategy = self.accelerator.strategy
-        replicas = self.accelerator.num_replicas
-        check_batch_split(t, replicas)
-        self.with_nsp = not config.data.no_nsp
-        self.vocab_file = run_vocab_file(config, self.data)
-        self.bert_config: BertConfig = run_bert_config(config, self.data)
+        self.eval_batch_size = self.plan.batch_geometry(self.accelerator.num_replicas)
         self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
         self.example_ids: list[tuple[int, list[int]]] = []
         self.init_report = None
@@ -95,7 +84,6 @@ class Trainer:
                 self.init_report = load_init_checkpoint(self.pretraining, self.config.model.init_checkpoint)
             self.optimizer = self._create_optimizer()
         self.train_dataset = self.train_iterator = None  # opened at the (restored) step by start_input()
-        self.eval_batch_size = eval_batch_size(t, self.data, self.accelerator.num_replicas)
         self.eval_dataset = None
         if self.eval_batch_size:
             self.eval_dataset = distributed_dataset(
@@ -117,11 +105,8 @@ class Trainer:
     def _create_optimizer(self):
         t = self.config.train
         optimizer = create_optimizer(
-            optimizer=t.optimizer, learning_rate=t.learning_rate, num_train_steps=t.num_train_steps,
-            num_warmup_steps=t.num_warmup_steps, weight_decay_rate=t.weight_decay_rate,
+            schedule=self.plan.schedule, optimizer=t.optimizer, weight_decay_rate=t.weight_decay_rate,
             beta_1=t.adam_beta1, beta_2=t.adam_beta2, epsilon=t.adam_epsilon, clip_norm=t.clip_norm,
-            lr_decay_power=t.lr_decay_power, end_learning_rate=t.end_learning_rate,
-            lr_schedule=t.lr_schedule, num_cooldown_steps=t.num_cooldown_steps,
             variables=self.model.trainable_variables,
             jit_compile=self.accelerator.jit_compile and self.accelerator.kind != "tpu")
         if self.accelerator.precision == "float16":
@@ -252,34 +237,12 @@ class Trainer:
         variables = self.model.trainable_variables + [v for v in optimizer.variables if v.dtype.is_floating]
         return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables)
 
-    def learning_rate(self) -> float:
-        return float(tf.convert_to_tensor(self._inner_optimizer().learning_rate))  # a MirroredVariable on workers
-
     def _inner_optimizer(self):
         return getattr(self.optimizer, "inner_optimizer", self.optimizer)
 
-    @property
-    def schedule(self):
-        """The learning-rate schedule (a Keras ``LearningRateSchedule``)."""
-        return self._inner_optimizer()._learning_rate
-
-    def schedule_config(self) -> dict:
-        """What every checkpoint's metadata records of the schedule, for :meth:`resume_schedule`."""
-        return self.schedule.get_config()
-
-    def resume_schedule(self, recorded: dict | None) -> None:
-        """Continue the schedule a checkpoint recorded: the same automatic warmup, and a wsd cool-down
-        placed so that the learning rate never jumps (call before the first training step)."""
-        schedule, t = self.schedule, self.config.train
-        if recorded and self.warmup_was_auto and "num_warmup_steps" in recorded:
-            schedule.num_warmup_steps = t.num_warmup_steps = int(recorded["num_warmup_steps"])
-        if isinstance(schedule, WarmupStableDecay):
-            if recorded and self.warmup_was_auto:  # where the cool-down may start depends on the warmup
-                schedule.decay_start = cooldown_start(t.num_train_steps, t.num_cooldown_steps, t.num_warmup_steps)
-            change = schedule.resume(self.step, recorded)
-            if change:
-                log.warning("Learning rate: %s.", change)
-            log.info("Learning rate: %s.", schedule.describe())
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Follow ``schedule`` (a resumed run's, re-planned by the core); read when the step is traced."""
+        self._inner_optimizer()._learning_rate.schedule = schedule
 
     def checkpoint_state(self) -> TensorFlowState:
         """Model and optimizer (with its step) in TensorFlow's checkpoint format."""

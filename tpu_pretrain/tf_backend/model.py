@@ -31,7 +31,7 @@ from bert4keras.backend import align, attention_normalize
 from bert4keras.layers import Dense, Dropout, Embedding, Lambda, LayerNormalization, MultiHeadAttention, ScaleOffset
 from bert4keras.models import BERT
 
-from .bert_config import BertConfig
+from ..core.bert_config import BertConfig
 
 keras = tf.keras
 

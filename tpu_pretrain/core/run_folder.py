@@ -168,11 +168,16 @@ def run_identity(config: Config, bert_config: BertConfig, data_info) -> dict:
     return {"model": model, "data": data, "settings": {k: config.get(k) for k in pinned_settings(RUN)}}
 
 
+# Settings whose default changed after they were added: the value a run that did not record them trained with.
+SETTINGS_BEFORE_THEY_EXISTED = {"backend": "tensorflow"}
+
+
 def identity_differences(previous: dict, identity: dict) -> list[str]:
     differences = []
     fields = all_fields()
     for key, value in identity["settings"].items():
-        before = previous["settings"].get(key, fields[key].default)  # a setting newer than the run: its default
+        # A setting newer than the run: what runs used before it (its default, unless that changed since).
+        before = previous["settings"].get(key, SETTINGS_BEFORE_THEY_EXISTED.get(key, fields[key].default))
         if before != value:
             differences.append(f"{key}: {before!r} in the run, {value!r} now")
     for key, value in identity["model"].items():
@@ -187,7 +192,7 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
     return differences
 
 
-def run_vocab_file(run: RunFolder, config: Config) -> str:
+def trained_vocab_file(run: RunFolder, config: Config) -> str:
     """The vocab a run trained with: the run's own copy (older runs: the configured file, else the data's)."""
     candidates = [run.vocab_file]
     if config.data.vocab_file:

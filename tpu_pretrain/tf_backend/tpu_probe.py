@@ -1,6 +1,6 @@
 """``tpu-pretrain tpu-check``: does training work on this TPU? One line of verdict, the diagnosis when not.
 
-The probe runs in a child process (``python -m tpu_pretrain.train.tpu_probe``): it initialises the TPU system,
+The probe runs in a child process (``python -m tpu_pretrain.tf_backend.tpu_probe``): it initialises the TPU system,
 reports its type, chips and cores, runs two training steps of a tiny BERT through the real trainer, saves a
 checkpoint, changes the weights with a third step, restores the checkpoint and compares, then exits, so the TPU
 is released when the check ends. The parent never imports TensorFlow: when the child aborts, hangs or fails,
@@ -31,7 +31,7 @@ def check_tpu(cpu: bool = False, timeout: float = 900.0) -> int:
     """Run the probe in a child process, print its output, then the verdict; 0 when training works."""
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tpu-check-") as folder:
-        command = [sys.executable, "-m", "tpu_pretrain.train.tpu_probe", folder] + (["--cpu"] if cpu else [])
+        command = [sys.executable, "-m", "tpu_pretrain.tf_backend.tpu_probe", folder] + (["--cpu"] if cpu else [])
         status, tail = stream(command, echo=lambda line: print("  " + line, end="", flush=True), timeout=timeout)
         result_file = Path(folder, RESULT)
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
@@ -96,8 +96,8 @@ def probe(folder: Path, cpu: bool) -> dict:
         device = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(device, [tf.config.LogicalDeviceConfiguration()] * 2)
     from ..config import Config
+    from ..core.checkpoints import CheckpointManager
     from .accelerator import detect_accelerator
-    from .checkpoints import CheckpointManager
     from .trainer import Trainer
 
     accelerator = detect_accelerator("cpu" if cpu else "tpu")  # XLA on a TPU; the TPU build has none for the CPU
@@ -110,8 +110,7 @@ def probe(folder: Path, cpu: bool) -> dict:
     trainer = Trainer(config, accelerator)
     losses = [trainer.train_steps(1)["loss"] for _ in range(2)]
     print(f"two training steps: loss {losses[0]:.4f}, {losses[1]:.4f}", flush=True)
-    manager = CheckpointManager(folder / "run" / "checkpoints",
-                                tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer), keep_max=1)
+    manager = CheckpointManager(folder / "run" / "checkpoints", trainer.checkpoint_state(), keep_max=1)
     saved = manager.save(trainer.step)
     expected = [w.numpy() for w in trainer.model.weights]
     trainer.train_steps(1)

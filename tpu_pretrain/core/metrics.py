@@ -8,31 +8,45 @@ them into the reported means: MLM loss and accuracy per masked token, NSP per ex
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 STAT_KEYS = ("mlm_loss_sum", "mlm_weight", "mlm_correct", "nsp_loss_sum", "nsp_correct", "examples")
 
 
-def pretraining_stats(outputs, batch: dict, with_nsp: bool) -> dict:
-    """Summed statistics of a batch from the model's ``[mlm_logits(, nsp_logits)]`` (float32 math).
+class ArrayOps(Protocol):
+    """The few array operations the statistics need, given by each backend (TensorFlow, ``jax.numpy``)."""
 
-    The TensorFlow form; :mod:`..jax_backend.trainer` states the same sums in ``jax.numpy``.
+    def float32(self, x): ...
+
+    def log_softmax(self, logits): ...
+
+    def pick(self, values, labels): ...  # values[..., label] for each row
+
+    def argmax(self, logits): ...  # in the labels' integer type
+
+    def sum(self, x): ...
+
+    def rows(self, labels): ...  # the number of rows, as a float32 scalar
+
+
+def pretraining_stats(outputs, batch: dict, with_nsp: bool, ops: ArrayOps) -> dict:
+    """Summed statistics of a batch from the model's ``[mlm_logits(, nsp_logits)]``, in float32, with ``ops``.
+
+    One formula for both backends, so their losses and accuracies agree by construction.
     """
-    import tensorflow as tf
-
     outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
     labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
-    logits = tf.cast(outputs[0], tf.float32)
-    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    right = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
-    stats = {"mlm_loss_sum": tf.reduce_sum(ce * weights), "mlm_weight": tf.reduce_sum(weights),
-             "mlm_correct": tf.reduce_sum(right * weights), "examples": tf.cast(tf.shape(labels)[0], tf.float32),
-             "nsp_loss_sum": tf.constant(0.0), "nsp_correct": tf.constant(0.0)}
+    logits = ops.float32(outputs[0])
+    loss = -ops.pick(ops.log_softmax(logits), labels)
+    right = ops.float32(ops.argmax(logits) == labels)
+    zero = ops.float32(0.0)
+    stats = {"mlm_loss_sum": ops.sum(loss * weights), "mlm_weight": ops.sum(weights),
+             "mlm_correct": ops.sum(right * weights), "examples": ops.rows(labels),
+             "nsp_loss_sum": zero, "nsp_correct": zero}
     if with_nsp:
-        nsp_logits, nsp_labels = tf.cast(outputs[1], tf.float32), batch["next_sentence_labels"]
-        stats["nsp_loss_sum"] = tf.reduce_sum(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits))
-        stats["nsp_correct"] = tf.reduce_sum(tf.cast(
-            tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32))
+        nsp_logits, nsp_labels = ops.float32(outputs[1]), batch["next_sentence_labels"]
+        stats["nsp_loss_sum"] = -ops.sum(ops.pick(ops.log_softmax(nsp_logits), nsp_labels))
+        stats["nsp_correct"] = ops.sum(ops.float32(ops.argmax(nsp_logits) == nsp_labels))
     return stats
 
 

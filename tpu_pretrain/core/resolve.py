@@ -1,18 +1,57 @@
-"""A run's configuration completed from its data, and the model's shape: the same for both backends."""
+"""A run resolved once, the same for both backends: its configuration completed from its data, the vocab, the
+model's shape, the batch geometry and the learning-rate schedule (:class:`RunPlan`)."""
 
 from __future__ import annotations
 
 import copy
 import logging
 import os
+from dataclasses import dataclass
 
 from ..config import Config, TrainConfig
-from ..data.data_folder import DataInfo, check_token_ids
+from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
 from .bert_config import BertConfig, resolve_bert_config
+from .schedules import Schedule, planned
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunPlan:
+    """What a run is before any framework builds it: settings, data, vocab, model shape, schedule.
+
+    Both backends' trainers start from :meth:`resolve`; the loop re-plans ``schedule`` on resume.
+    """
+
+    config: Config  # completed from the data (the caller's is unchanged)
+    data: DataInfo
+    vocab_file: str  # the vocab it trains with (copied into the run folder)
+    bert_config: BertConfig
+    warmup_was_auto: bool  # num_warmup_steps was -1: a resumed run keeps the warmup its checkpoint recorded
+    planned_schedule: Schedule  # what the settings ask for from step 0
+    schedule: Schedule  # what the run follows: the planned one, or re-planned on resume
+
+    @classmethod
+    def resolve(cls, config: Config) -> RunPlan:
+        """Read the data folder's description and complete ``config`` from it; check the data fills a batch."""
+        data = read_data_info(config.storage.data_dir)
+        warmup_was_auto = config.train.num_warmup_steps < 0
+        config = resolve_config(config, data)
+        check_data_fills_a_batch(config.train, data)
+        schedule = planned(config.train)
+        return cls(config, data, run_vocab_file(config, data), run_bert_config(config, data), warmup_was_auto,
+                   schedule, schedule)
+
+    @property
+    def with_nsp(self) -> bool:
+        return not self.config.data.no_nsp
+
+    def batch_geometry(self, replicas: int) -> int:
+        """Check the global batch splits over ``replicas``; returns the global eval batch size (0: no eval)."""
+        check_batch_split(self.config.train, replicas)
+        return eval_batch_size(self.config.train, self.data, replicas)
 
 
 def resolve_config(config: Config, data: DataInfo) -> Config:

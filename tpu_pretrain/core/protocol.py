@@ -1,0 +1,46 @@
+"""What the run core needs of a backend's trainer: the narrow contract both backends implement."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .checkpoints import CheckpointState
+from .resolve import RunPlan
+from .schedules import Schedule
+
+
+class Trainer(Protocol):
+    """A backend's model, optimizer and input for one :class:`RunPlan`, driven by :mod:`.loop`.
+
+    Everything the two backends would derive the same way (settings, data, vocab, model shape, the
+    schedule and its re-planning, the learning rate reported, the statistics' means) lives in the core.
+    """
+
+    plan: RunPlan
+    steps_per_execution: int  # optimizer steps per compiled call
+    example_ids: list[tuple[int, list[int]]]  # (step, ids) of the steps run, with log_example_ids; the loop takes them
+    is_chief: bool  # whether this process writes the run folder (one writer when several machines train)
+
+    @property
+    def step(self) -> int: ...  # optimizer updates made
+
+    def use_schedule(self, schedule: Schedule) -> None: ...  # before the first step: the schedule to follow
+
+    def start_input(self, step: int) -> None: ...  # the input opened at ``step`` (a pure function of seed, step)
+
+    def train_steps(self, steps: int) -> dict: ...  # run them; their metrics (:func:`.metrics.metrics_from_sums`)
+
+    def evaluate(self) -> dict | None: ...  # the metrics over the eval batches; None without eval data
+
+    def checkpoint_state(self) -> CheckpointState: ...
+
+    def weights_finite(self) -> bool: ...  # no NaN/Inf in weights or optimizer moments: what may be saved
+
+    def any_worker(self, flag: bool) -> bool: ...  # ``flag`` agreed over every machine; itself on one
+
+    def describe(self) -> str: ...  # the backend and its devices, for the log and the run summary
+
+    @property
+    def precision(self) -> str: ...  # float32, bfloat16 or float16
+
+    def close(self) -> None: ...  # release input threads
