@@ -9,8 +9,8 @@ STAMP := $(VENV)/.installed
 TPU_VENV := .venv-tpu
 # What the TPU stack job runs with the TPU build: the model, training, resume, checkpoint, export and compilation
 # tests (the HF-parity ones skip: torch is not installed there, its CUDA build's triton crashes beside TensorFlow).
-TPU_STACK_TESTS := tests/train/test_model.py tests/train/test_training.py tests/train/test_resume.py \
-	tests/train/test_checkpoints.py tests/train/test_tpu_compilation.py tests/export/test_evaluation_export.py \
+TPU_STACK_TESTS := tests/tf_backend/test_model.py tests/tf_backend/test_training.py tests/core/test_resume.py \
+	tests/core/test_checkpoints.py tests/tf_backend/test_tpu_compilation.py tests/export/test_evaluation_export.py \
 	tests/test_tpu_stack.py
 TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
