@@ -57,3 +57,24 @@ def test_a_run_resumes_only_on_the_backend_that_started_it(tmp_path):
     run.check_can_resume(run_identity(Config.load(backend="tensorflow"), bert, Data()))
     with pytest.raises(UserInputError, match="backend: 'tensorflow' in the run, 'jax' now"):
         run.check_can_resume(run_identity(Config.load(backend="jax"), bert, Data()))
+
+
+def test_a_setting_the_backend_does_not_offer_is_refused_before_any_data_is_read(tmp_path):
+    """Several machines (``worker_hosts``) are the TensorFlow backend's alone: refused for JAX, naming both."""
+    from tpu_pretrain.training import train
+
+    missing = tmp_path / "no_data_here"  # read first, it would fail on the missing data folder instead
+    with pytest.raises(UserInputError, match=r"worker_hosts='10.0.0.1:2222,10.0.0.2:2222' .* offered by the "
+                                             r"tensorflow backend, not jax: train with --backend tensorflow"):
+        train(data_dir=str(missing), output_dir=str(tmp_path / "run"), backend="jax",
+              worker_hosts="10.0.0.1:2222,10.0.0.2:2222", task_index=0)
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("setting,value", [("lr_schedule", "wsd"), ("dynamic_masking", True),
+                                           ("mixed_precision", "float16")])
+def test_both_backends_offer_wsd_dynamic_masking_and_float16(setting, value):
+    """Once the TensorFlow backend's alone; the JAX backend trains them too (tests/jax_backend)."""
+    settings = Config.load(**{setting: value}).train
+    for name in backend.BACKENDS:
+        backend.check_offered(name, settings)

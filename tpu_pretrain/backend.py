@@ -78,9 +78,6 @@ OFFERS = (
     Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
     Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
     Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
-    Offer("lr_schedule", lambda name: name == "wsd", (TENSORFLOW,), "the warmup-stable-decay schedule"),
-    Offer("dynamic_masking", bool, (TENSORFLOW,), "masks drawn anew each time a sequence is read"),
-    Offer("mixed_precision", lambda p: p == "float16", (TENSORFLOW,), "float16 with loss scaling"),
 )
 
 

@@ -25,7 +25,7 @@ class Devices:
 
     kind: str  # "tpu", "gpu" or "cpu"
     devices: list
-    precision: str  # "float32" or "bfloat16"
+    precision: str  # "float32", "bfloat16" or "float16" (with loss scaling, in the trainer)
 
     @property
     def num_replicas(self) -> int:
@@ -44,7 +44,8 @@ class Devices:
 
     @property
     def dtype_policy(self) -> str:
-        return "mixed_bfloat16" if self.precision == "bfloat16" else "float32"
+        """Keras's policy: float32 weights, computed in the precision (``mixed_*``) unless that is float32."""
+        return "float32" if self.precision == "float32" else f"mixed_{self.precision}"
 
     def default_steps_per_execution(self) -> int:
         return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
@@ -65,7 +66,11 @@ def _supports_bfloat16(device) -> bool:
 
 
 def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
-    """The local devices of ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in."""
+    """The local devices of ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in.
+
+    ``auto`` is bfloat16 where every device computes it natively, float32 otherwise; float16 (with loss
+    scaling) only when asked for: the GPUs without bfloat16, such as Colab's and Kaggle's T4.
+    """
     kind = jax.default_backend() if requested == "auto" else requested
     try:
         devices = jax.local_devices(backend=kind)
@@ -75,9 +80,9 @@ def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
                              "pip install 'jax[cuda12]'. Or use --accelerator auto.") from None
     if precision == "auto":
         precision = "bfloat16" if all(_supports_bfloat16(d) for d in devices) and kind != "cpu" else "float32"
-    if precision == "float16":
-        raise UserInputError("mixed_precision=float16 is not offered by the JAX backend (it needs loss scaling): use "
-                             "bfloat16 (TPUs, GPUs from the A100 on) or float32.")
+    if precision == "float16" and all(_supports_bfloat16(d) for d in devices):
+        log.warning("mixed_precision=float16 on %s, which computes bfloat16 natively: bfloat16 needs no loss "
+                    "scaling and cannot overflow (--mixed_precision bfloat16).", kind.upper())
     result = Devices(kind, list(devices), precision)
     log.info("JAX devices: %s", result.describe())
     return result

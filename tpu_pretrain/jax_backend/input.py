@@ -22,6 +22,7 @@ from collections import deque
 import numpy as np
 
 from ..data.data_folder import feature_shapes
+from ..data.dynamic_masking import DynamicMasking, dynamic_mask
 from ..data.tfrecord import RecordFile, decode_examples
 from ..errors import UserInputError
 
@@ -88,12 +89,17 @@ class ShardSet:
 
 
 class TrainingBatches:
-    """Global training batches from ``start_record`` on: ``(example ids, {feature: array})`` each."""
+    """Global training batches from ``start_record`` on: ``(example ids, {feature: array})`` each.
+
+    ``masking``: mask every example afresh (:func:`..data.dynamic_masking.dynamic_mask`), keyed by (seed, example
+    id), so a resumed run reads the very batches, masks included, that the uninterrupted run would have read.
+    """
 
     def __init__(self, files: list[str], batch_size: int, max_seq_length: int, max_predictions_per_seq: int, *,
-                 seed: int, start_record: int = 0, prefetch: int = 8, workers: int = 2):
+                 seed: int, start_record: int = 0, prefetch: int = 8, workers: int = 2,
+                 masking: DynamicMasking | None = None):
         self.records = ShardSet(files)
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.masking = batch_size, seed, masking
         self.shapes = feature_shapes(max_seq_length, max_predictions_per_seq)
         self._next = start_record // batch_size
         self._offset = start_record - self._next * batch_size
@@ -118,7 +124,10 @@ class TrainingBatches:
         shard, record = self.records.locate(index)
         features = decode_examples(self.records.read(shard, record), self.shapes)
         ids = (epochs << EPOCH_SHIFT) | (shard << FILE_SHIFT) | record
-        return ids, to_model_dtypes(features)
+        features = to_model_dtypes(features)
+        if self.masking is not None:
+            features = dynamic_mask(features, ids, self.seed, self.masking)
+        return ids, features
 
     def _submit(self) -> None:
         self._pending.append(self._pool.submit(self.batch, self._next))

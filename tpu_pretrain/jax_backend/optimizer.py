@@ -93,3 +93,27 @@ def apply_updates(s: OptimizerSettings, params, grads, slots: dict, step, decay_
         new_m.append(m)
         new_v.append(v)
     return new_params, {"m": new_m, "v": new_v}
+
+
+# Dynamic loss scaling for float16 compute, with tf-keras's LossScaleOptimizer defaults: start at 2**15, halve
+# the scale (not below 1) and skip the update when a gradient is not finite, double it after 2000 good steps.
+INITIAL_LOSS_SCALE, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_FACTOR = 2.0**15, 2000, 2.0
+
+
+def init_loss_scale(scale: float = INITIAL_LOSS_SCALE) -> dict:
+    """The loss scale and the count of finite steps since it last changed."""
+    return {"scale": jnp.asarray(scale, jnp.float32), "good_steps": jnp.zeros((), jnp.int32)}
+
+
+def all_finite(grads) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
+
+
+def update_loss_scale(loss_scale: dict, finite) -> dict:
+    """The next loss scale after a step whose gradients were (or were not) ``finite``, as tf-keras does it."""
+    scale, good = loss_scale["scale"], loss_scale["good_steps"] + 1
+    grown = scale * LOSS_SCALE_FACTOR
+    grow = good >= LOSS_SCALE_GROWTH_STEPS
+    on_finite = jnp.where(grow & jnp.isfinite(grown), grown, scale)
+    return {"scale": jnp.where(finite, on_finite, jnp.maximum(scale / LOSS_SCALE_FACTOR, 1.0)),
+            "good_steps": jnp.where(finite & ~grow, good, 0).astype(jnp.int32)}

@@ -3,14 +3,16 @@
 The same guarantees as :mod:`..tf_backend.trainer`: losses normalised over the *global* batch (so any number
 of devices, and k accumulated micro-batches, give the same update), several steps per compiled call
 (a ``lax.scan`` over stacked batches), the weights replicated and every batch split over the local
-devices (``jax.sharding``), bfloat16 compute where the accelerator has it, and the input opened at an
-exact step. :func:`..core.loop.run_training` drives it as it drives the TensorFlow trainer.
+devices (``jax.sharding``), bfloat16 compute where the accelerator has it (float16 with dynamic loss scaling
+where asked for: GPUs without bfloat16, such as the T4), and the input opened at an exact step, masked afresh
+with ``dynamic_masking``. :func:`..core.loop.run_training` drives it as it drives the TensorFlow trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 import numpy as np
 
@@ -26,18 +28,42 @@ from ..config import Config  # noqa: E402
 from ..core.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
 from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
+from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
 from .model import build_model, from_google, google_variables, to_google  # noqa: E402
-from .state import PARAMS, JaxState  # noqa: E402
+from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
+
+
+def process_independent(paths: list[str]) -> list[str]:
+    """Keras's variable paths as a new process names them: Keras numbers its RNG-state variables with a
+    process-wide counter (``seed_generator_7/...`` in a second model), and a checkpoint stores them by name."""
+    counts: dict[str, int] = {}
+    names = []
+    for path in paths:
+        first, _, rest = path.partition("/")
+        base = re.sub(r"_\d+$", "", first)
+        n = counts[base] = counts.get(base, -1) + 1
+        names.append("/".join(filter(None, (f"{base}_{n}" if n else base, rest))))
+    return names
+
+
+def _unless_overflowed(state: dict, new: dict, finite) -> dict:
+    """``new`` if the gradients were finite; else ``state``'s weights and moments with the step counted (the
+    schedule moves on, as under tf-keras's LossScaleOptimizer). The loss scale follows either way."""
+    def keep(after, before):
+        return jax.tree.map(lambda a, b: jnp.where(finite, a, b), after, before)
+
+    return {**new, "params": keep(new["params"], state["params"]), "slots": keep(new["slots"], state["slots"]),
+            LOSS_SCALE: opt.update_loss_scale(state[LOSS_SCALE], finite)}
 
 
 class JaxTrainer:
@@ -65,14 +91,22 @@ class JaxTrainer:
                                  dtype=self.devices.dtype_policy)
         by_id = {id(v): name for name, v in google_variables(self.model).items()}
         self.names = [by_id[id(v)] for v in self.model.trainable_variables]
-        self.keras_names = [v.path for v in self.model.non_trainable_variables]
+        self.keras_names = process_independent([v.path for v in self.model.non_trainable_variables])
         if self.config.model.init_checkpoint:
             self._load_init_checkpoint(self.config.model.init_checkpoint)
         params = [v.value for v in self.model.trainable_variables]
-        self.state = self._place({"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
-                                  "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)})
+        state = {"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
+                 "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)}
+        if self.loss_scaling:
+            state["loss_scale"] = opt.init_loss_scale()
+        self.state = self._place(state)
         self.decay_mask = opt.decayed(params)
         self._compile()
+
+    @property
+    def loss_scaling(self) -> bool:
+        """float16 compute: the loss is scaled (its small gradients would underflow float16 otherwise)."""
+        return self.devices.precision == "float16"
 
     def _compile(self) -> None:
         """The jitted steps; the optimizer's settings (the schedule among them) are constants in them."""
@@ -111,7 +145,14 @@ class JaxTrainer:
         self.close()
         self.train_batches = TrainingBatches(self.data.train_files, t.train_batch_size, d.max_seq_length,
                                              d.max_predictions_per_seq, seed=t.train_seed,
-                                             start_record=step * t.train_batch_size)
+                                             start_record=step * t.train_batch_size, masking=self._masking())
+
+    def _masking(self) -> DynamicMasking | None:
+        if not self.config.train.dynamic_masking:
+            return None
+        if not self.vocab_file:
+            raise UserInputError("dynamic_masking needs the vocab: set vocab_file.")
+        return DynamicMasking.from_vocab_file(self.vocab_file, self.config.data.masked_lm_prob)
 
     def close(self) -> None:
         """Stop the input's reading threads."""
@@ -128,6 +169,10 @@ class JaxTrainer:
             loss = loss + stats["nsp_loss_sum"] / global_examples
         return loss, (stats, keras_state)
 
+    def _scaled_loss(self, params, keras_state, batch, global_weight, global_examples, scale):
+        loss, aux = self._loss(params, keras_state, batch, global_weight, global_examples)
+        return loss * scale, aux
+
     def _micro_batches(self, batch: dict) -> dict:
         """[B, ...] -> [k, B/k, ...]; micro-batch i takes the i-th slice of every device's share."""
         k, r = self.config.train.gradient_accumulation_steps, self.devices.num_replicas
@@ -139,28 +184,41 @@ class JaxTrainer:
         return {key: split(batch[key]) for key in BATCH_FEATURES}
 
     def gradients(self, state: dict, batch: dict):
-        """``(summed gradients, summed statistics, new Keras state)`` of one global batch."""
+        """``(summed gradients, summed statistics, new Keras state)`` of one global batch.
+
+        With loss scaling the gradients are those of the scaled loss, unscaled after the sum (as tf-keras's
+        LossScaleOptimizer does); an overflow leaves some of them infinite or NaN.
+        """
         global_weight = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
         global_examples = float(batch["input_ids"].shape[0])
-        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        scale = state["loss_scale"]["scale"] if LOSS_SCALE in state else None
+        grad_fn = jax.value_and_grad(self._loss if scale is None else self._scaled_loss, has_aux=True)
+        extra = () if scale is None else (scale,)
 
         def micro_step(carry, micro):
             grads, stats, keras_state = carry
-            (_, (s, keras_state)), g = grad_fn(state["params"], keras_state, micro, global_weight, global_examples)
+            (_, (s, keras_state)), g = grad_fn(state["params"], keras_state, micro, global_weight, global_examples,
+                                               *extra)
             grads = [a + b for a, b in zip(grads, g, strict=True)]
             return (grads, {key: stats[key] + s[key] for key in STAT_KEYS}, keras_state), None
 
         zeros = ([jnp.zeros_like(p) for p in state["params"]], {key: jnp.float32(0.0) for key in STAT_KEYS},
                  state["keras"])
         (grads, stats, keras_state), _ = jax.lax.scan(micro_step, zeros, self._micro_batches(batch))
+        if scale is not None:
+            inverse = 1.0 / scale
+            grads = [g * inverse for g in grads]
         return grads, stats, keras_state
 
     def _step(self, state: dict, batch: dict):
         grads, stats, keras_state = self.gradients(state, batch)
-        grads, _ = opt.clip_by_global_norm(grads, self.settings.clip_norm)
-        params, slots = opt.apply_updates(self.settings, state["params"], grads, state["slots"], state["step"],
+        clipped, _ = opt.clip_by_global_norm(grads, self.settings.clip_norm)
+        params, slots = opt.apply_updates(self.settings, state["params"], clipped, state["slots"], state["step"],
                                           self.decay_mask)
-        return {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}, stats
+        new = {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}
+        if LOSS_SCALE in state:
+            new = _unless_overflowed(state, new, opt.all_finite(grads))
+        return new, stats
 
     def _chunk(self, state: dict, batches: dict):
         state, stats = jax.lax.scan(self._step, state, batches)
@@ -260,14 +318,24 @@ class JaxTrainer:
                            for n, x in zip(self.names, state["slots"][slot], strict=True)})
         arrays.update({f"keras/{n}": np.asarray(x) for n, x in zip(self.keras_names, state["keras"], strict=True)})
         arrays["step"] = np.asarray(state["step"])
+        if LOSS_SCALE in state:
+            arrays.update({f"{LOSS_SCALE}/{k}": np.asarray(v) for k, v in state[LOSS_SCALE].items()})
         return arrays
 
     def _put_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.state = self._place({
+        """The state from a checkpoint's arrays. The loss scale is float16's alone: a checkpoint without it (an
+        older one, or one trained in another precision) starts from the initial scale; others ignore it."""
+        state = {
             "params": [jnp.asarray(from_google(n, arrays[f"{PARAMS}{n}"])) for n in self.names],
             "slots": {s: [jnp.asarray(from_google(n, arrays[f"{s}/{n}"])) for n in self.names] for s in ("m", "v")},
             "keras": [jnp.asarray(arrays[f"keras/{n}"]) for n in self.keras_names],
-            "step": jnp.asarray(arrays["step"], jnp.int32)})
+            "step": jnp.asarray(arrays["step"], jnp.int32)}
+        if self.loss_scaling:
+            saved = {k: arrays[f"{LOSS_SCALE}/{k}"] for k in LOSS_SCALE_ARRAYS if f"{LOSS_SCALE}/{k}" in arrays}
+            state[LOSS_SCALE] = (opt.init_loss_scale() if len(saved) < len(LOSS_SCALE_ARRAYS) else
+                                 {"scale": jnp.asarray(saved["scale"], jnp.float32),
+                                  "good_steps": jnp.asarray(saved["good_steps"], jnp.int32)})
+        self.state = self._place(state)
 
     def _state_shapes(self) -> dict[str, tuple]:
         shapes = {"step": ()}
@@ -276,9 +344,12 @@ class JaxTrainer:
             shapes.update({f"{PARAMS}{n}": shape, f"m/{n}": shape, f"v/{n}": shape})
         shapes.update({f"keras/{n}": tuple(v.shape) for n, v in zip(self.keras_names,
                                                                      self.model.non_trainable_variables, strict=True)})
+        if self.loss_scaling:
+            shapes.update({f"{LOSS_SCALE}/{k}": () for k in LOSS_SCALE_ARRAYS})
         return shapes
 
     def checkpoint_state(self) -> JaxState:
-        """Weights, optimizer moments, step and dropout's RNG state, as ``state.npz``."""
-        return JaxState(self._state_arrays, self._put_state_arrays, self._state_shapes)
+        """Weights, optimizer moments, step, dropout's RNG state (and float16's loss scale), as ``state.npz``."""
+        return JaxState(self._state_arrays, self._put_state_arrays, self._state_shapes,
+                        optional=[f"{LOSS_SCALE}/{k}" for k in LOSS_SCALE_ARRAYS])
 

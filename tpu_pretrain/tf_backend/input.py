@@ -7,13 +7,10 @@ on 1 or N replicas sees the same global batches (replicas take consecutive per-r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import tensorflow as tf
 
 from ..data.data_folder import feature_shapes
-from ..data.vocab import load_vocab, replacement_ids
+from ..data.dynamic_masking import DynamicMasking
 from ..errors import UserInputError
 
 
@@ -31,30 +28,9 @@ def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int) -
     return out
 
 
-@dataclass
-class DynamicMasking:
-    """What dynamic masking needs to know about the vocab.
-
-    Random replacement tokens come from ``replacement_ids``: the same rule as the static masking of
-    create-data (never a special token or an ``[unusedN]`` placeholder).
-    """
-
-    mask_id: int
-    cls_id: int
-    sep_id: int
-    replacement_ids: np.ndarray
-    masked_lm_prob: float = 0.15
-
-    @classmethod
-    def from_vocab_file(cls, path: str, masked_lm_prob: float = 0.15) -> DynamicMasking:
-        tokens = load_vocab(path)  # checks the special tokens
-        index = {t: i for i, t in enumerate(tokens)}
-        return cls(index["[MASK]"], index["[CLS]"], index["[SEP]"],
-                   np.asarray(replacement_ids(tokens), dtype=np.int32), masked_lm_prob)
-
-
 def dynamic_mask(features: dict, seed, spec: DynamicMasking) -> dict:
-    """Re-mask a batch (RoBERTa-style): restore the original tokens, then mask afresh with 80/10/10.
+    """Re-mask a batch (RoBERTa-style): restore the original tokens, then mask afresh with 80/10/10
+    (the rule of :mod:`..data.dynamic_masking`, whose NumPy twin the JAX backend uses).
 
     Token-level masking of real tokens ([CLS], [SEP] and padding excluded), up to the record's
     max_predictions_per_seq; ``seed`` is a stateless seed pair, so the masks are reproducible.
