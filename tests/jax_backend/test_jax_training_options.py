@@ -129,6 +129,9 @@ def test_float16_skips_overflowing_steps_halves_the_scale_and_keeps_it_in_the_ch
     trainer = trainer_for(values)
     assert trainer.model.blocks[0].compute_dtype == "float16" and trainer.precision == "float16"
     assert loss_scale(trainer) == (2.0**15, 0)
+    trainer.start_input(0)  # the training input masks afresh, at the recipe's 30%
+    assert trainer.train_batches.masking is not None and trainer.train_batches.masking.masked_lm_prob == 0.3
+    trainer.close()
     batch = next(eval_batches(trainer.data.train_files, 8, T, trainer.config.data.max_predictions_per_seq))
     trainer.train_batches = iter([(np.arange(8), {k: batch[k] for k in BATCH_FEATURES})] * 8)
 

@@ -98,7 +98,7 @@ class JaxTrainer:
         state = {"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
                  "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)}
         if self.loss_scaling:
-            state["loss_scale"] = opt.init_loss_scale()
+            state[LOSS_SCALE] = opt.init_loss_scale()
         self.state = self._place(state)
         self.decay_mask = opt.decayed(params)
         self._compile()
@@ -191,7 +191,7 @@ class JaxTrainer:
         """
         global_weight = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
         global_examples = float(batch["input_ids"].shape[0])
-        scale = state["loss_scale"]["scale"] if LOSS_SCALE in state else None
+        scale = state[LOSS_SCALE]["scale"] if LOSS_SCALE in state else None
         grad_fn = jax.value_and_grad(self._loss if scale is None else self._scaled_loss, has_aux=True)
         extra = () if scale is None else (scale,)
 
