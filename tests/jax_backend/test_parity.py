@@ -66,7 +66,8 @@ JAX_SIDE = textwrap.dedent("""
     losses = [trainer.train_steps(1)["loss"] for _ in batches]
     np.savez(folder + "/after.npz", **trainer.google_weights())
     json.dump({"loss": float(loss), "norm": float(opt.global_norm(grads)), "losses": losses,
-               "learning_rate": float(opt.learning_rate(trainer.settings, trainer.step - 1)), "step": trainer.step}, open(folder + "/jax.json", "w"))
+               "learning_rate": float(opt.learning_rate(trainer.settings, trainer.step - 1)), "step": trainer.step},
+              open(folder + "/jax.json", "w"))
 """)
 
 

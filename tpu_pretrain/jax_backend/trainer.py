@@ -84,22 +84,10 @@ class JaxTrainer:
         return jax.device_put(tree, self.devices.replicated())
 
     def _load_init_checkpoint(self, path: str) -> None:
-        """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with TensorFlow)."""
-        from pathlib import Path
+        """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with NumPy alone)."""
+        from ..core.weight_names import read_checkpoint_weights
 
-        from ..core.weight_names import HF_WEIGHT_FILES, read_checkpoint_weights
-
-        p = Path(path)
-        hf = p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES)
-        try:
-            weights = read_checkpoint_weights(path)
-        except ImportError:
-            if hf:
-                raise
-            raise UserInputError(f"init_checkpoint {path}: reading a Google TF checkpoint needs TensorFlow; convert "
-                                 "it to a Hugging Face folder (`tpu-pretrain export CKPT --format hf --output DIR` "
-                                 "where TensorFlow is installed) or install TensorFlow.") from None
-        loaded, missing = self.set_google_weights(weights, strict=False)
+        loaded, missing = self.set_google_weights(read_checkpoint_weights(path), strict=False)
         if not loaded:
             raise UserInputError(f"init_checkpoint {path} holds no BERT weights that this model uses.")
         log.info("Initialised %d weights from %s; %d keep their random init%s", len(loaded), path, len(missing),
