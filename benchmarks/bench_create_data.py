@@ -98,8 +98,8 @@ def tokenizer_only(corpus: Path, vocab: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("corpus", type=Path, nargs="?")
-    parser.add_argument("vocab", nargs="?")
+    parser.add_argument("corpus", type=Path, nargs="?", help="a text corpus (--smoke: the built-in sample)")
+    parser.add_argument("vocab", nargs="?", help="its vocab.txt (--smoke: one built from the sample)")
     parser.add_argument("--scales", type=int, nargs="+", default=[2, 16, 64], help="corpus copies per run")
     parser.add_argument("--workers", type=int, default=0, help="0: all cores")
     parser.add_argument("--pack_sequences", action="store_true", help="packed sequences (RoBERTa full sentences)")

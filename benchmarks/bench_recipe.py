@@ -78,7 +78,7 @@ def scores(run: Path, eval_dirs: dict[str, Path]) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("corpus", type=Path, nargs="*")
+    parser.add_argument("corpus", type=Path, nargs="*", help="text corpora (--smoke: the built-in sample)")
     parser.add_argument("--doc_separator", default="")
     parser.add_argument("--vocab_size", type=int, default=4000)
     parser.add_argument("--model_size", default="L2-H128")

@@ -37,8 +37,8 @@ def parse_args(parser: argparse.ArgumentParser, smoke: dict, what: str,
     """``parser``'s arguments plus ``--smoke``, which swaps the defaults for ``smoke`` (flags given still win) and
     says so, with ``what`` the smoke run is; positional arguments must be optional (checked after this)."""
     parser.add_argument("--smoke", action="store_true",
-                        help="a seconds-long run of the same code path on a tiny model and tiny data, for CI: "
-                             "its figures are meaningless")
+                        help="a seconds-long run of the same code path on tiny inputs (a tiny model, a few steps, "
+                             "tiny data), for CI: its figures are meaningless")
     known, _ = parser.parse_known_args(argv)
     if known.smoke:
         parser.set_defaults(**smoke)
