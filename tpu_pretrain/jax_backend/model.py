@@ -32,14 +32,16 @@ def keep_tensorflow_out() -> None:
     """Tell Keras that TensorFlow is absent, so that it never imports it into this JAX process.
 
     Keras 3 imports TensorFlow wherever it is installed merely to ask whether it is there (``set_random_seed``
-    seeds it, ``fit`` probes for ``tf.data``): seconds of start-up, TensorFlow's own threads and memory, and on
-    Kaggle's image a TensorFlow that cannot use the TPU. The answer is fixed before anything asks; a process that
-    already holds TensorFlow is left as it is.
+    does, to seed it too; so do some data and serialisation helpers): seconds of start-up, TensorFlow's threads
+    and memory, and on Kaggle's image a TensorFlow that cannot use the TPU. The answer is fixed before anything
+    asks; a process that already holds TensorFlow is left as it is.
     """
     import sys
 
-    from keras.src.utils import module_utils
-
+    try:
+        from keras.src.utils import module_utils
+    except ImportError:  # another layout of Keras's internals: nothing to tell
+        return
     lazy = getattr(module_utils, "tensorflow", None)
     if "tensorflow" not in sys.modules and getattr(lazy, "module", True) is None:
         lazy._available = False
