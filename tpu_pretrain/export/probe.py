@@ -121,11 +121,16 @@ def encode_texts(tokenizer, texts: list[str], max_seq_length: int) -> tuple[np.n
 
 
 # -- the two ways of probing -------------------------------------------------------------------------------
-def pooled_features(model: InferenceModel, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """Mean of the last hidden states over each text's tokens ([CLS] and [SEP] included, padding not)."""
-    hidden = model.hidden_states(ids, segments)
-    mask = (ids > 0)[..., None].astype(np.float32)
-    return ((hidden * mask).sum(1) / mask.sum(1)).astype(np.float64)
+def pooled_features(model: InferenceModel, ids: np.ndarray, segments: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """Mean of the last hidden states over each text's tokens ([CLS] and [SEP] included, padding not); the
+    hidden states of ``batch_size`` texts at a time are held, not the whole task's."""
+    out = []
+    for start in range(0, len(ids), batch_size):
+        part = slice(start, start + batch_size)
+        hidden = model.hidden_states(ids[part], segments[part])
+        mask = (ids[part] > 0)[..., None].astype(np.float32)
+        out.append((hidden * mask).sum(1) / mask.sum(1))
+    return np.concatenate(out).astype(np.float64)
 
 
 def ridge_accuracy(train_x, train_y, test_x, test_y, num_labels: int, seed: int) -> float:
