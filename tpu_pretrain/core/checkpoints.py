@@ -28,7 +28,7 @@ from typing import Protocol
 from ..errors import UserInputError
 from ..formatting import human_bytes
 from ..storage.checksums import crc32c_file
-from ..storage.drive import SAFETY_MARGIN
+from ..storage.drive import SAFETY_MARGIN, free_space
 from ..storage.local import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class CheckpointState(Protocol):
 class Mirror(Protocol):
     """Where checkpoints are copied in the background (:class:`.mirror.CheckpointMirror`)."""
 
-    def schedule(self) -> None: ...
+    def schedule(self, step: int | None = None) -> None: ...
 
     def newest_step(self) -> int | None: ...
 
@@ -199,17 +199,17 @@ class CheckpointManager:
         log.info("Saved checkpoint %s (%s) in %.1f s.", final, human_bytes(needed), time.perf_counter() - started)
         self._prune()
         if self.mirror is not None:
-            self.mirror.schedule()
+            self.mirror.schedule(step)
         return CheckpointInfo(step, str(final), manifest["metadata"])
 
     def _check_space(self, step: int, needed: int) -> None:
-        free = shutil.disk_usage(self.directory).free
-        if needed + self.safety_margin > free:
+        free = free_space(self.directory)  # Kaggle's /kaggle/working: what its 20 GB leave
+        if free is not None and needed + self.safety_margin > free:
             raise CheckpointError(
                 f"Not enough space to save the checkpoint for step {step} in {self.directory}: it needs about "
                 f"{human_bytes(needed)} (+{human_bytes(self.safety_margin)} margin) but {human_bytes(free)} is free. "
                 f"Free at least {human_bytes(needed + self.safety_margin - free)} (lower keep_checkpoint_max, delete "
-                "old files) and start again: training resumes from the newest checkpoint, which is intact.")
+                "other files) and start again: training resumes from the newest checkpoint, which is intact.")
 
     def _write(self, folder: Path, step: int, metadata: dict) -> dict:
         """The backend's files, then the manifest of their sizes and checksums, each synced to disk."""
