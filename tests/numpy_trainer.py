@@ -16,8 +16,10 @@ from tpu_pretrain.jax_backend.state import JaxState
 
 
 class NumpyTrainer:
-    def __init__(self, config: Config, width: int = 32_768):
+    def __init__(self, config: Config, width: int = 32_768, at_step: dict | None = None):
+        """``at_step``: step -> a function called once that step has run (what the world does meanwhile)."""
         self.plan = RunPlan.resolve(config)
+        self.at_step = at_step or {}
         t = self.plan.config.train
         self.seed, self.log_ids = t.train_seed, t.log_example_ids
         self.steps_per_execution = t.steps_per_execution or 1
@@ -47,6 +49,8 @@ class NumpyTrainer:
             self.arrays["step"] = np.asarray(self.step + 1, np.int64)
             if self.log_ids:
                 self.example_ids.append((self.step, [self.step]))
+            if self.step in self.at_step:
+                self.at_step[self.step]()
         self.arrays.update({"params/w": w, "m/w": m})
         loss = float(np.mean(w * w))
         return {"loss": loss, "mlm_loss": loss, "mlm_accuracy": 0.0}

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +21,8 @@ from tpu_pretrain.config import Config
 from tpu_pretrain.core.checkpoint_space import place
 from tpu_pretrain.core.checkpoints import CheckpointError, find_checkpoint
 from tpu_pretrain.core.loop import run_training
-from tpu_pretrain.core.mirror import fetch_run
+from tpu_pretrain.core.mirror import CheckpointMirror, fetch_run, mirror_state
+from tpu_pretrain.core.run_folder import RunFolder
 from tpu_pretrain.core.status import run_status
 from tpu_pretrain.jax_backend.state import read_arrays
 from tpu_pretrain.storage import auth, drive
@@ -40,8 +42,8 @@ def settings(data_dir, run, **overrides) -> Config:
     return Config.load(**{**values, **overrides})
 
 
-def train(config: Config):
-    trainer = NumpyTrainer(config)
+def train(config: Config, at_step: dict | None = None):
+    trainer = NumpyTrainer(config, at_step=at_step)
     return run_training(trainer, config.storage.output_dir, progress=False), trainer
 
 
@@ -101,6 +103,13 @@ def test_a_run_that_would_fill_drive_keeps_within_it_and_its_copy_current(data_d
             assert len(double.deleted_for_good) == pruned
         else:
             assert len(binned) == pruned and not double.deleted_for_good  # emptied, then deleted
+
+
+def test_a_run_folder_on_drive_prunes_for_good_too(data_dir, tmp_path):
+    with drive_in_use(tmp_path / "drive", budget=1_500_000) as double:
+        result, _ = train(settings(data_dir, double.my_drive / "run"))  # 6 saves, 2 kept
+        assert result.stopped_reason is None and saved_steps(double.my_drive / "run") == [10, 12]
+        assert not double.bin_files() and len(double.deleted_for_good) == 4 * 2 and double.peak <= double.budget
 
 
 @contextlib.contextmanager
@@ -177,6 +186,31 @@ def test_a_failing_copy_stops_training_within_the_lag_saying_why_and_resuming_is
         np.testing.assert_array_equal(read_arrays(tmp_path / "fresh" / "checkpoints" / "ckpt-000000012")["params/w"],
                                       reference)
         auth.reset()
+
+
+def test_a_copy_that_recovers_catches_up_before_the_next_save(data_dir, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(CheckpointMirror, "retry_seconds", 0.0)
+    caplog.set_level("INFO", logger="tpu_pretrain")
+    folder, run = tmp_path / "read-only", RunFolder(tmp_path / "run")
+    folder.mkdir()
+
+    def until(recorded):  # what the copy's last pass recorded (bounded: a copy that never gets there fails)
+        deadline = time.monotonic() + 120
+        while not recorded(mirror_state(run) or {}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    with read_only(folder) as repair:
+        config = settings(data_dir, run.path, mirror_dir=str(folder / "run"), save_checkpoints_steps=6,
+                          log_every_steps=1)
+        at_step = {7: lambda: (until(lambda state: state.get("error")), repair()),  # the copy of 6 failed; fixed
+                   10: lambda: until(lambda state: state.get("durable_step") == 6)}
+        result, _ = train(config, at_step)
+    assert result.stopped_reason is None
+    messages = caplog.messages
+    caught_up = messages.index(next(m for m in messages if m.startswith("Durable copy: ckpt-000000006")))
+    saved = messages.index(next(m for m in messages if m.startswith("Saved checkpoint") and "ckpt-000000012" in m))
+    assert caught_up < saved  # retried between the saves, not at the next one
+    assert sum("failed (no permission to write)" in m for m in messages) == 1  # said once, not at every retry
 
 
 def test_with_mirror_failure_continue_training_goes_on_and_says_so(data_dir, tmp_path, caplog):

@@ -27,8 +27,9 @@ from typing import Protocol
 
 from ..errors import UserInputError
 from ..formatting import human_bytes
+from ..storage import drive
 from ..storage.checksums import crc32c_file
-from ..storage.drive import SAFETY_MARGIN, free_space
+from ..storage.drive import free_space
 from ..storage.local import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -159,13 +160,13 @@ class CheckpointManager:
     """Saves, lists, prunes and restores the checkpoints in one folder; a mirror copies them away."""
 
     def __init__(self, directory: str | os.PathLike, checkpoint, *, keep_max: int = 5, mirror: Mirror | None = None,
-                 safety_margin: int = SAFETY_MARGIN):
+                 safety_margin: int | None = None):
         """``checkpoint``: the backend's :class:`CheckpointState` (None to only list, verify and fetch)."""
         self.directory = Path(directory)
         self.checkpoint = checkpoint
         self.keep_max = keep_max
         self.mirror = mirror
-        self.safety_margin = safety_margin
+        self.safety_margin = drive.margin_for(self.directory) if safety_margin is None else safety_margin
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, step: int, metadata: dict | None = None) -> CheckpointInfo:
@@ -231,7 +232,12 @@ class CheckpointManager:
     def _prune(self) -> None:
         names = sorted(p.name for p in self.directory.iterdir() if step_of(p.name) is not None)
         for name in names[:-self.keep_max]:
-            shutil.rmtree(self.directory / name, ignore_errors=True)
+            manifest = self.directory / name / MANIFEST
+            if drive.is_drive_path(self.directory) and manifest.is_file():  # for good, not into Drive's bin
+                written = {n: f["bytes"] for n, f in json.loads(manifest.read_text())["files"].items()}
+                drive.remove_written(str(self.directory / name), {**written, MANIFEST: manifest.stat().st_size})
+            else:
+                shutil.rmtree(self.directory / name, ignore_errors=True)
 
     # -- reading ----------------------------------------------------------------------------------
     def local_checkpoints(self) -> list[CheckpointInfo]:

@@ -49,12 +49,13 @@ class CheckpointMirror:
     """Copies a run folder's newest checkpoint and its run files to ``url`` (a Drive folder, ``gs://`` prefix or
     folder), keeping the ``keep`` newest checkpoints there."""
 
+    retry_seconds = 30.0  # a failed pass is tried again at the first boundary this long after it
+
     def __init__(self, run: RunFolder, url: str, *, keep: int = 2, options: TransferOptions | None = None,
-                 max_lag: int = 2, on_failure: str = "stop", retry_seconds: float = 30.0):
+                 max_lag: int = 2, on_failure: str = "stop"):
         self.run, self.url, self.keep, self.max_lag, self.on_failure = run, url, keep, max_lag, on_failure
         self.checkpoints_url = storage.join(url, CHECKPOINTS)
         self.options = options or TransferOptions(progress=False)
-        self.retry_seconds = retry_seconds
         self.wait_seconds = 600.0  # the longest a save waits for a copy under way, and the end for the last one
         self.error: str | None = None  # why the last pass failed, as the storage layer said it
         self.cause: str | None = None  # quota, permissions or network (:data:`CAUSES`), when known
@@ -106,9 +107,10 @@ class CheckpointMirror:
                 self._sync_run_files()
                 self.error = self.cause = None
             except Exception as exc:
-                self.error, self.cause, self._failed_at = str(exc), failure_cause(exc), time.monotonic()
-                log.warning("The durable copy at %s failed (%s): %s", self.url, CAUSES.get(self.cause, "see why"),
-                            self.error)
+                said, self._failed_at = self.error, time.monotonic()
+                self.error, self.cause = str(exc), failure_cause(exc)
+                (log.debug if self.error == said else log.warning)(  # a failure that repeats is said once
+                    "The durable copy at %s failed (%s): %s", self.url, CAUSES.get(self.cause, "see why"), self.error)
             self._record_state()
 
     def _copy_newest(self) -> None:

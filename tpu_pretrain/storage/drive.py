@@ -152,7 +152,7 @@ def ensure_free_space(path: str | os.PathLike, needed: int, what: str = "this fi
     where = "Google Drive" if is_drive_path(path) else "the disk"
     hint = (
         "Delete older checkpoints (lower mirror_keep) or other files in Drive, then empty "
-        "Drive's bin (files in the bin still count against the quota), or write to a gs:// bucket."
+        "Drive's bin, or trash (files there still count against the quota), or write to a gs:// bucket."
         if is_drive_path(path)
         else "Delete old checkpoints or other files on that disk, or write somewhere with more room."
     )
