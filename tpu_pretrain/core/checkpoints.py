@@ -231,7 +231,8 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         names = sorted(p.name for p in self.directory.iterdir() if step_of(p.name) is not None)
-        for name in names[:-self.keep_max]:
+        copying = getattr(self.mirror, "copying", None)  # the durable copy is reading it
+        for name in [n for n in names[:-self.keep_max] if n != copying]:
             manifest = self.directory / name / MANIFEST
             if drive.is_drive_path(self.directory) and manifest.is_file():  # for good, not into Drive's bin
                 written = {n: f["bytes"] for n, f in json.loads(manifest.read_text())["files"].items()}

@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -61,6 +62,7 @@ class CheckpointMirror:
         self.cause: str | None = None  # quota, permissions or network (:data:`CAUSES`), when known
         self.durable_step: int | None = None  # the newest complete checkpoint in the copy
         self.bin_bytes = 0  # bytes this run sent to Drive's bin (replaced run files); they still count
+        self.copying: str | None = None  # the checkpoint being copied now
         self._saved: list[int] = []  # steps saved locally that the copy may lack
         self._saved_lock = threading.Lock()
         self._failed_at = 0.0
@@ -107,9 +109,9 @@ class CheckpointMirror:
                 self._sync_run_files()
                 self.error = self.cause = None
             except Exception as exc:
-                said, self._failed_at = self.error, time.monotonic()
+                said, self._failed_at = _gist(self.error), time.monotonic()
                 self.error, self.cause = str(exc), failure_cause(exc)
-                (log.debug if self.error == said else log.warning)(  # a failure that repeats is said once
+                (log.debug if _gist(self.error) == said else log.warning)(  # a failure that repeats is said once
                     "The durable copy at %s failed (%s): %s", self.url, CAUSES.get(self.cause, "see why"), self.error)
             self._record_state()
 
@@ -118,8 +120,12 @@ class CheckpointMirror:
         if not local or (self.durable_step is not None and local[0].step <= self.durable_step):
             return
         newest = local[0]
-        if not storage.exists(storage.join(self.checkpoints_url, newest.name, MANIFEST)):
-            self._copy_checkpoint(newest)
+        self.copying = newest.name  # the local pruning leaves it alone meanwhile
+        try:
+            if not storage.exists(storage.join(self.checkpoints_url, newest.name, MANIFEST)):
+                self._copy_checkpoint(newest)
+        finally:
+            self.copying = None
         pointer = storage.join(self.checkpoints_url, POINTER)
         self.bin_bytes += _size_if_drive(pointer)  # replaced: on Drive the old one goes to the bin
         storage.write_text(pointer, newest.name + "\n")
@@ -344,6 +350,11 @@ def mirror_state(run: RunFolder) -> dict | None:
         return json.loads(run.mirror_state_file.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def _gist(error: str | None) -> str | None:
+    """An error without its numbers (checkpoint names, sizes, times), to tell a repeated failure from a new one."""
+    return None if error is None else re.sub(r"\d+(\.\d+)?", "#", error)
 
 
 def _where_space_goes(url: str) -> str:
