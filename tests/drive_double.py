@@ -39,6 +39,8 @@ class BudgetDrive(drive.DriveMount):
         self.peak = 0
         self.deleted_for_good: list[str] = []  # names the API deleted
         self._upload: tuple[Path, int, int] | None = None
+        self._ids: dict[tuple[int, int], str] = {}
+        self._lock = threading.Lock()
         self.server = _ApiServer(self) if signed_in else None
 
     # -- what the package asks of a mount ----------------------------------------------------------------
@@ -66,7 +68,10 @@ class BudgetDrive(drive.DriveMount):
         self._upload = None
 
     def file_id(self, path: str) -> str | None:
-        return f"id{os.stat(path).st_ino}"
+        """Ids that never name another file, as Drive's (a file system may give a deleted file's inode anew)."""
+        stat = os.stat(path)
+        with self._lock:
+            return self._ids.setdefault((stat.st_ino, stat.st_mtime_ns), f"id{len(self._ids)}")
 
     def trash(self, path: str) -> None:
         os.rename(path, self.bin / f"{os.stat(path).st_ino}-{os.path.basename(path)}")
@@ -80,9 +85,11 @@ class BudgetDrive(drive.DriveMount):
 
     # -- what a test looks at --------------------------------------------------------------------------------
     def find(self, file_id: str) -> Path | None:
+        with self._lock:
+            key = next((key for key, value in self._ids.items() if value == file_id), None)
         for folder in (Path(self.root), self.bin):
             for path in folder.rglob("*"):
-                if path.is_file() and f"id{path.stat().st_ino}" == file_id:
+                if key and path.is_file() and (path.stat().st_ino, path.stat().st_mtime_ns) == key:
                     return path
         return None
 
