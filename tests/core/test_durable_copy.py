@@ -127,7 +127,7 @@ def failing_place(cause, tmp_path, request):
     else:
         emulator, bucket = request.getfixturevalue("emulator"), request.getfixturevalue("bucket")
         monkeypatch = request.getfixturevalue("monkeypatch")
-        monkeypatch.setenv("TPU_PRETRAIN_GCS_RETRY_SECONDS", "2")
+        monkeypatch.setenv("TPU_PRETRAIN_GCS_RETRY_SECONDS", "1")
         emulator.kill()
         try:
             yield f"gs://{bucket}/run", emulator.restart
