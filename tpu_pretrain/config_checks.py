@@ -91,6 +91,8 @@ def _check_storage(s) -> None:
         except StorageError as exc:
             raise ConfigError(f"Setting {key}: {exc}") from None
     _require(s.keep_checkpoint_max >= 1, "keep_checkpoint_max", s.keep_checkpoint_max, "keep at least 1")
+    _require(s.mirror_keep >= 1, "mirror_keep", s.mirror_keep, "keep at least 1")
+    _require(s.mirror_max_lag >= 1, "mirror_max_lag", s.mirror_max_lag, "use at least 1")
     _require(s.transfer_workers >= 1, "transfer_workers", s.transfer_workers, "use at least 1")
     _require(s.transfer_retries >= 0, "transfer_retries", s.transfer_retries, "use 0 or more")
     _require(s.resumable_chunk_mb >= 1, "resumable_chunk_mb", s.resumable_chunk_mb, "use at least 1")
@@ -109,8 +111,12 @@ def _check_train(t) -> None:
     )
     _require(t.num_cooldown_steps >= 0, "num_cooldown_steps", t.num_cooldown_steps,
              "use 0 (20% of num_train_steps) or a positive count")
-    _require(t.save_checkpoints_steps >= 1, "save_checkpoints_steps", t.save_checkpoints_steps,
-             "use at least 1")
+    _require(t.save_checkpoints_steps >= 0, "save_checkpoints_steps", t.save_checkpoints_steps,
+             "use 0 (by time alone) or more")
+    _require(t.save_checkpoints_minutes >= 0, "save_checkpoints_minutes", t.save_checkpoints_minutes,
+             "use 0 (by steps alone) or more, e.g. 20")
+    _require(t.save_checkpoints_steps or t.save_checkpoints_minutes, "save_checkpoints_steps",
+             t.save_checkpoints_steps, "set it or save_checkpoints_minutes (or both): checkpoints are what resumes")
     _require(t.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
              t.gradient_accumulation_steps, "use at least 1")
     _require(t.train_batch_size % t.gradient_accumulation_steps == 0, "train_batch_size",

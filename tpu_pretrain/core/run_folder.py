@@ -8,7 +8,8 @@ A run folder (train's ``output_dir``) holds:
   and compared at every later one;
 - ``bert_config.json``: the model's shape; ``vocab.txt``: the vocab it was trained with;
 - ``checkpoints/``: the checkpoints; ``logs/``: TensorBoard scalars and ``example_ids.jsonl``;
-- ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``.
+- ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``;
+- ``mirror.json``: where the durable copy stands, as the training process last saw it (for ``status``).
 
 Starting ``train`` again in the same folder resumes, which is only correct when the model, the vocab,
 the data and the way batches are drawn are unchanged: :meth:`RunFolder.check_can_resume` refuses
@@ -41,6 +42,7 @@ EXAMPLE_IDS = "example_ids.jsonl"
 SUMMARY = "train_summary.json"
 EVALUATION = "evaluation.json"
 PROBE = "probe.json"
+MIRROR_STATE = "mirror.json"
 PLOTS = "plots"
 EXPORT = "export"
 # What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
@@ -101,6 +103,10 @@ class RunFolder:
     @property
     def probe_file(self) -> Path:
         return self.path / PROBE
+
+    @property
+    def mirror_state_file(self) -> Path:
+        return self.path / MIRROR_STATE
 
     @property
     def curves_file(self) -> Path:
