@@ -199,7 +199,8 @@ def test_the_kaggle_path_without_a_bucket(runtimes, bucket):
     run = runtimes.save_version(workdir, "train-output") / "tpu_pretrain" / "runs" / "bert"
     assert (run / "checkpoints" / "ckpt-000000006").is_dir()
     workdir, _ = runtimes.run("05_resume.ipynb", "resume", "kaggle", resume_from=str(run), data_dir=str(data),
-                              project_dir=str(runtimes.root / "resume" / working), num_train_steps=9)
+                              project_dir=str(runtimes.root / "resume" / working), num_train_steps=9,
+                              rewarm_steps=2)  # the run had finished: a new phase
     assert (workdir / working / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
 
 
