@@ -110,6 +110,24 @@ def expected_ids(trainer, start_step: int, steps: int) -> list[list[int]]:
     return ids
 
 
+def reference_weights(trainer, chunks: list[int]) -> dict:
+    """The weights after ``chunks`` calls of the compiled steps on batches stacked and placed by hand on the host,
+    one call after the other (what ``train_steps`` did before it read ahead)."""
+    import jax
+
+    from tpu_pretrain.jax_backend.input import BATCH_FEATURES, TrainingBatches
+
+    batches = TrainingBatches(trainer.data.train_files, B, T, P, seed=7)
+    for n in chunks:
+        pulled = [next(batches)[1] for _ in range(n)]
+        stacked = jax.device_put({k: np.stack([b[k] for b in pulled]) for k in BATCH_FEATURES},
+                                 trainer.devices.split(axis=1))
+        trainer.state, sums = trainer._train_chunk(trainer.state, stacked)
+        jax.device_get(sums)
+    batches.close()
+    return trainer.google_weights()
+
+
 @in_process
 def test_read_ahead_gives_the_serial_steps_bit_for_bit(trainer):
     """Calls of 3, 1 and 4 steps (calls of 2 and single steps) with the input read ahead, and with it off."""
@@ -125,8 +143,11 @@ def test_read_ahead_gives_the_serial_steps_bit_for_bit(trainer):
         runs[depth] = ([m["loss"] for m in metrics], trainer.google_weights(), list(trainer.example_ids), metrics)
     (serial_losses, serial_weights, serial_ids, serial), (losses, weights, ids, metrics) = runs[0], runs[2]
     assert losses == serial_losses and all(np.isfinite(losses))
+    state.put(start)
+    reference = reference_weights(trainer, [2, 1, 1, 2, 2])
     for name in serial_weights:
         np.testing.assert_array_equal(weights[name], serial_weights[name], err_msg=name)
+        np.testing.assert_array_equal(weights[name], reference[name], err_msg=name)
     assert ids == serial_ids == list(zip(range(1, 9), expected_ids(trainer, 0, 8), strict=True))
     for m in serial + metrics:
         assert m["input_wait_seconds"] >= 0 and 0 <= m["input_wait_share"] <= 1
@@ -138,11 +159,14 @@ def test_start_input_drops_what_was_read_ahead_and_restarts_at_the_exact_step(tr
     trainer.start_input(0)
     trainer.train_steps(2)
     first = trainer._prefetch
-    while first._queue.qsize() < first.depth:  # the thread has read ahead as far as it may
+    for _ in range(3000):  # until the thread has read ahead as far as it may
+        if first.queued == first.depth:
+            break
         threading.Event().wait(0.01)
+    assert first.queued == first.depth and first.running
     trainer.example_ids.clear()
     trainer.start_input(5)
-    assert not first._thread.is_alive()
+    assert not first.running and first.queued == 0
     trainer.train_steps(3)
     assert [ids for _, ids in trainer.example_ids] == expected_ids(trainer, 5, 3)
 

@@ -46,6 +46,15 @@ class BatchPrefetcher:
             self._thread = threading.Thread(target=self._fill, name=THREAD_NAME, daemon=True)
             self._thread.start()
 
+    @property
+    def queued(self) -> int:
+        """Batches placed on the devices and waiting to be taken."""
+        return self._queue.qsize()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def _produce(self) -> tuple:
         ids, batch = next(self.source)
         return ids, self._place(batch)
