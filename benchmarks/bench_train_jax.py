@@ -60,13 +60,20 @@ def published_peak(device, precision: str) -> float | None:
 
 
 def input_rate(trainer, batches: int) -> float:
-    """Sequences/s the input pipeline delivers alone (reading, decoding, batching)."""
-    trainer.start_input(0)
-    next(trainer.train_batches)
+    """Sequences/s the input pipeline delivers alone (reading, decoding, batching; the trainer's own input is
+    read by its prefetch thread, so this opens another)."""
+    from tpu_pretrain.jax_backend.input import TrainingBatches
+
+    t, d = trainer.config.train, trainer.config.data
+    source = TrainingBatches(trainer.data.train_files, t.train_batch_size, d.max_seq_length,
+                             d.max_predictions_per_seq, seed=t.train_seed)
+    next(source)
     start = time.perf_counter()
     for _ in range(batches):
-        next(trainer.train_batches)
-    return batches * trainer.config.train.train_batch_size / (time.perf_counter() - start)
+        next(source)
+    seconds = time.perf_counter() - start
+    source.close()
+    return batches * t.train_batch_size / seconds
 
 
 def main() -> None:
@@ -101,10 +108,10 @@ def main() -> None:
         first = time.perf_counter() - start
         trainer.train_steps(args.steps_per_execution)
         start = time.perf_counter()
-        trainer.train_steps(args.steps)
+        wait = trainer.train_steps(args.steps)["input_wait_share"]
         rate = args.steps * args.batch / (time.perf_counter() - start)
-        feed = input_rate(trainer, max(4, args.steps))
         trainer.close()
+        feed = input_rate(trainer, max(4, args.steps))
     devices = trainer.devices
     dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"
     size = args.matmul_size or (2048 if devices.kind == "cpu" else 8192)
@@ -113,7 +120,8 @@ def main() -> None:
     print(f"device: {devices.describe()} ({getattr(devices.devices[0], 'device_kind', '?')}); model "
           f"{args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}: "
           f"{flops / 1e9:.2f} GFLOP per training sequence")
-    print(f"training: {rate:.1f} sequences/s ({rate * flops / 1e12:.2f} TFLOP/s); first call {first:.1f} s")
+    print(f"training: {rate:.1f} sequences/s ({rate * flops / 1e12:.2f} TFLOP/s); first call {first:.1f} s; "
+          f"the devices waited on input {wait:.1%} of the time")
     print(f"MFU vs a {size}^3 {dtype} matmul measured here ({measured / 1e12:.2f} TFLOP/s): "
           f"{rate * flops / measured:.1%}")
     if peak:

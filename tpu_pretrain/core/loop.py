@@ -50,6 +50,7 @@ class TrainResult:
     examples_per_second: float = 0.0
     seconds_to_first_step: float = 0.0
     stopped_reason: str | None = None  # set when training stopped early (deadline, SIGTERM) to resume later
+    input_wait_share: float | None = None  # of the training time, the devices waiting on input (backends that say)
 
     def summary(self) -> str:
         parts = [f"Trained to step {self.steps} in {self.output_dir}"]
@@ -61,6 +62,8 @@ class TrainResult:
             if "nsp_accuracy" in e:
                 parts.append(f"NSP accuracy {e['nsp_accuracy']:.4f}")
         parts.append(f"{self.examples_per_second:.1f} examples/s")
+        if self.input_wait_share is not None:
+            parts.append(f"input wait {self.input_wait_share:.1%} of the time")
         return "; ".join(parts)
 
 
@@ -74,19 +77,28 @@ class Throughput:
         self.steps = 0
         self.seconds = 0.0
         self.last_rate = 0.0
+        self.input_wait: float | None = None  # seconds the devices waited on input, where the backend says
+        self.first_wait_share: float | None = None
 
-    def record(self, steps: int, seconds: float) -> None:
+    def record(self, steps: int, seconds: float, input_wait: float | None = None) -> None:
         self.train_seconds += seconds
         if not self.seconds_to_first_step:
             self.seconds_to_first_step = time.perf_counter() - self.started
             self.last_rate = steps / seconds
+            self.first_wait_share = None if input_wait is None else input_wait / seconds
         else:
             self.steps += steps
             self.seconds += seconds
+            if input_wait is not None:
+                self.input_wait = (self.input_wait or 0.0) + input_wait
 
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.seconds if self.seconds else self.last_rate
+
+    @property
+    def input_wait_share(self) -> float | None:
+        return self.input_wait / self.seconds if self.input_wait is not None else self.first_wait_share
 
 
 class SaveCadence:
@@ -137,7 +149,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
             metrics = trainer.train_steps(target - step)
             seconds = time.perf_counter() - tick
             _check_finite(trainer, manager, metrics, step, target)
-            throughput.record(target - step, seconds)
+            throughput.record(target - step, seconds, metrics.get("input_wait_seconds"))
             if trainer.is_chief:
                 _append_example_ids(trainer, run)
             metrics.update(steps_per_second=throughput.steps_per_second,
@@ -157,12 +169,14 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     timed = throughput.steps / throughput.seconds if throughput.seconds else 0.0
     result.examples_per_second = timed * t.train_batch_size
     result.seconds_to_first_step = throughput.seconds_to_first_step
+    result.input_wait_share = throughput.input_wait_share
     if not result.stopped_reason:
         result.final_eval = _evaluate(trainer, scalars, result.steps, f"Final eval at step {result.steps}")
     if not result.stopped_reason and trainer.is_chief:
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
+                           "input_wait_share": result.input_wait_share,
                            "train_seconds": throughput.train_seconds, "accelerator": trainer.describe()})
     scalars.close()
     return result
@@ -247,8 +261,9 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
         rate = throughput.steps_per_second
         eta = (total - step) / rate if rate else float("nan")
         durable = f" ({mirror.note()})" if mirror is not None else ""
-        log.info("step %d/%d%s %s, %.2f steps/s, %.1f examples/s, ETA %s", step, total, durable,
-                 format_metrics(metrics), rate, rate * t.train_batch_size, hms(eta))
+        wait = f", input wait {metrics['input_wait_share']:.0%}" if "input_wait_share" in metrics else ""
+        log.info("step %d/%d%s %s, %.2f steps/s, %.1f examples/s%s, ETA %s", step, total, durable,
+                 format_metrics(metrics), rate, rate * t.train_batch_size, wait, hms(eta))
     if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
         _evaluate(trainer, scalars, step, f"Eval at step {step}")
     stop_reason = guard.should_stop(next_chunk_seconds=seconds)
