@@ -161,6 +161,7 @@ def main() -> None:
         args.model_size, args.batch, args.seq, args.pred, args.vocab_size = "L2-H128", 8, 32, 5, 600
         args.steps_per_execution, args.chunks_per_call, args.calls, args.repeats = 2, 1, 2, 1
         args.slow_input, args.corpus = "2", ""
+        print("smoke mode (a tiny model, two calls, once): its figures are meaningless", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         begin = time.perf_counter()
         data_dir = make_data(Path(folder), args.corpus, args.seq, args.pred, args.vocab_size,
