@@ -187,6 +187,8 @@ class TrainConfig:
                            steps=(TRAIN,))
     task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
                          steps=(TRAIN,))
+    worker_wait_minutes: float = _f(10.0, "Several machines: how long each waits for the others to start before "
+                                    "giving up, naming the missing ones.", steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
                               "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"),
                                                                steps=(TRAIN,))

@@ -137,6 +137,8 @@ def _check_optimizer(t) -> None:
     _require(0 <= t.end_learning_rate <= t.learning_rate, "end_learning_rate", t.end_learning_rate,
              f"use a value between 0 and learning_rate={t.learning_rate}")
     _require(t.session_margin_minutes >= 0, "session_margin_minutes", t.session_margin_minutes, "use 0 or more")
+    _require(t.worker_wait_minutes > 0, "worker_wait_minutes", t.worker_wait_minutes, "use a positive number of "
+             "minutes, e.g. 10")
 
 
 def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:
