@@ -14,6 +14,7 @@ import logging
 
 from .backend import AUTO, TENSORFLOW, check_offered, choose_backend
 from .config import MODERN_RECIPE, Config
+from .core.checkpoints import list_checkpoints
 from .core.loop import TrainResult, run_training
 from .core.protocol import Trainer
 from .core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
@@ -39,8 +40,20 @@ def train(config: Config | None = None, *, progress: bool | None = None, set_asi
     if not output_dir:
         raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
     check_writable_folder(output_dir)
+    check_not_past_the_end(output_dir, config.train.num_train_steps)
     return run_training(make_trainer(config), output_dir, progress=progress,
                         set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
+
+
+def check_not_past_the_end(output_dir: str, num_train_steps: int) -> None:
+    """Refuse a num_train_steps below the step the run has reached (before its config.json records it)."""
+    newest = next(iter(list_checkpoints(RunFolder(output_dir).checkpoints)), None)
+    if newest is not None and newest.step > num_train_steps:
+        raise UserInputError(
+            f"The run in {output_dir} is at step {newest.step} ({newest.name}), past num_train_steps="
+            f"{num_train_steps}: there is nothing to train. To train on, give a num_train_steps above {newest.step} "
+            "(with --rewarm_steps if its learning rate has decayed); to use the weights as they are, "
+            "`tpu-pretrain evaluate` or `export` the run. Nothing was changed.")
 
 
 def recorded_backend(output_dir: str) -> str | None:

@@ -131,8 +131,9 @@ class RunFolder:
             return
         missing = [name for name in (CONFIG, BERT_CONFIG) if not (self.path / name).is_file()]
         what = " and ".join(missing) or f"a readable {CONFIG} (the one there is not a run's)"
+        present = ", ".join(n for n in (f"{CHECKPOINTS}/", IDENTITY) if (self.path / n.rstrip("/")).exists())
         raise UserInputError(
-            f"{self.path} holds a training run ({CHECKPOINTS}/, {IDENTITY}) but not its {what}. Copy it back from "
+            f"{self.path} holds a training run ({present}) but not its {what}. Copy it back from "
             f"the run's mirror (mirror_dir keeps {CONFIG} and {BERT_CONFIG} beside the checkpoints) or a backup; or "
             f"run `tpu-pretrain train --output_dir {self.path}` with the settings the run was started with ({IDENTITY} "
             "records those it pins): it writes them again before it continues.")
