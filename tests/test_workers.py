@@ -59,7 +59,8 @@ def test_malformed_tf_config_is_refused_through_the_command_line(tf_config, says
 
 
 def test_tf_config_orders_the_chief_first():
-    config = {"cluster": {"worker": ["w:1", "w:2"], "chief": ["c:1"]}, "task": {"type": "worker", "index": 1}}
+    config = {"cluster": {"worker": ["w:1", "w:2"], "chief": ["c:1"], "evaluator": ["e:1"]},
+              "task": {"type": "worker", "index": 1}}
     assert find_workers(tf_config=json.dumps(config)) == Workers(("c:1", "w:1", "w:2"), 2, "TF_CONFIG")
     assert find_workers("a:1", 0) is None  # one machine
 

@@ -88,7 +88,7 @@ def _from_tf_config(text: str) -> Workers:
         if not isinstance(hosts, list):
             raise UserInputError(f'TF_CONFIG cluster "{job}" must be a list of host:port; it is {hosts!r}.')
         jobs[job] = [_check_address(str(h), f'TF_CONFIG cluster "{job}"') for h in hosts]
-    other = sorted(set(cluster) - set(jobs))
+    other = sorted(set(cluster) - set(jobs) - {"evaluator"})  # an evaluator task takes no part in training
     if other:
         raise UserInputError(f"TF_CONFIG names jobs {', '.join(other)}: this tool trains with chief and worker "
                              f"tasks only (MultiWorkerMirroredStrategy); {TF_CONFIG_HELP}.")
