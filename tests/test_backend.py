@@ -57,3 +57,34 @@ def test_a_run_resumes_only_on_the_backend_that_started_it(tmp_path):
     run.check_can_resume(run_identity(Config.load(backend="tensorflow"), bert, Data()))
     with pytest.raises(UserInputError, match="backend: 'tensorflow' in the run, 'jax' now"):
         run.check_can_resume(run_identity(Config.load(backend="jax"), bert, Data()))
+
+
+def test_neither_backend_installed_names_extras_that_exist(monkeypatch):
+    import configparser
+    import re
+    from pathlib import Path
+
+    fake_runtime(monkeypatch, {}, False)
+    with pytest.raises(UserInputError) as caught:
+        backend.choose_backend("auto")
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).parents[1] / "setup.cfg")
+    extras = set(setup["options.extras_require"])
+    named = re.findall(r"tpu_pretrain\[(\w+)\]", str(caught.value))
+    assert named and set(named) <= extras, (named, extras)
+    assert "bert4keras==0.11.5" in str(caught.value)
+
+
+def test_a_setting_the_recipe_made_is_blamed_on_the_recipe(capsys, tmp_path):
+    pytest.importorskip("jax")
+    from tpu_pretrain.cli import main
+
+    args = ["train", "--backend", "jax", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "run"),
+            "--model_size", "L2-H128"]
+    assert main([*args, "--recipe", "modern"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "lr_schedule='wsd' (the warmup-stable-decay schedule, set by --recipe modern)" in err
+    assert "or give --lr_schedule another value (it wins over the recipe)" in err
+    assert main([*args, "--lr_schedule", "wsd"]) == 2  # given by name: the user's own setting
+    err = " ".join(capsys.readouterr().err.split())
+    assert "set by" not in err and "or leave lr_schedule unset" in err

@@ -146,9 +146,8 @@ class TrainConfig:
                           "then a cool-down over the last num_cooldown_steps; raise or lower num_train_steps on "
                           "resume to move the cool-down (it never jumps).", choices=("linear", "wsd"), steps=(TRAIN,))
     num_cooldown_steps: int = _f(0, "wsd: steps of the final decay; 0: 20% of num_train_steps.", steps=(TRAIN,))
-    rewarm_steps: int = _f(0, "Resuming a run whose learning rate has decayed to about zero with a larger "
-                           "num_train_steps: warm up again from it to learning_rate over this many steps, then "
-                           "decay again (0: refuse, saying so).", steps=(TRAIN,))
+    rewarm_steps: int = _f(0, "Extending a run whose learning rate decayed to ~0: warm up again over this many "
+                           "steps, then decay to the new end (0: refuse, saying so).", steps=(TRAIN,))
     save_checkpoints_steps: int = _f(1000, "Steps between checkpoints (0: by time alone).", steps=(TRAIN,))
     save_checkpoints_minutes: float = _f(0.0, "Minutes between checkpoints (0: by steps alone); with both, whichever "
                                          "comes first. The end and a stop (deadline, SIGTERM) always save.",
@@ -190,6 +189,8 @@ class TrainConfig:
                            steps=(TRAIN,))
     task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
                          steps=(TRAIN,))
+    worker_wait_minutes: float = _f(10.0, "Several machines: how long each waits for the others to start before "
+                                    "giving up, naming the missing ones.", steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
                               "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"),
                                                                steps=(TRAIN,))

@@ -74,6 +74,13 @@ def test_more_steps_on_resume_decay_on_from_the_rate_reached(data_dir, tmp_path,
     np.testing.assert_allclose([rates[s] for s in range(stop + 1, SECOND_PLAN + 1)], expected, rtol=1e-5)
     assert rates[SECOND_PLAN] == pytest.approx(reached / remaining, rel=1e-5)  # the last update, before 0
     if backend == "tensorflow":
+        # extended as wsd with the cool-down over the whole extension (issue 24, item 8; wsd: this backend's): the
+        # rate would stay 0, so it is refused, saying so and what to add
+        wsd = command(data_dir, run, backend, SECOND_PLAN + 30, "--lr_schedule", "wsd", "--num_cooldown_steps",
+                      str(SECOND_PLAN + 30))
+        refused = subprocess.run(wsd, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "going on would train at about zero. Add --rewarm_steps" in " ".join(refused.stderr.split())
         return  # the rest is the core's alone (tests/core/test_schedules.py); once, on the cheaper backend, suffices
 
     # The run is finished (rate 0). Extending it is refused, saying why and what to add ...

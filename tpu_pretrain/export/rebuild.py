@@ -215,6 +215,7 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
     if not Path(source).exists() and not Path(source + ".index").is_file():
         raise UserInputError(f"{source} does not exist.")
     run = RunFolder(source)
+    run.check_not_damaged()
     if run.is_run():
         config, bert_config = run.read_config(), run.read_bert_config()
         weights, step = run_checkpoint(run, checkpoint)

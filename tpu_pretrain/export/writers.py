@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from ..core.weight_names import google_to_huggingface, write_safetensors
 from ..data.tokenization import load_tokenizer
 from ..environment import import_tensorflow
 from ..errors import UserInputError
+from ..storage.local import new_temp_folder
 from . import FORMATS, HEADS
 from .rebuild import TrainedModel, load_trained_model, run_google_weights
 
@@ -178,13 +178,13 @@ def _write_folder(output_dir: str | os.PathLike, write, format: str) -> Path:
     earlier export (every file listed in its record) is ever replaced."""
     out = check_export_destination(output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = new_temp_folder(out)  # a killed export's leftovers go first
     try:
         write(tmp)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         (tmp / EXPORT_RECORD).write_text(json.dumps({"format": format, "files": files}, indent=2) + "\n")
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            old = new_temp_folder(out)
             os.replace(out, old)  # onto an empty folder of our own
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -212,6 +212,7 @@ def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.P
         raise UserInputError(f"{source} does not exist: give a run folder (train's output_dir), a Hugging Face "
                              "folder or a Google checkpoint prefix.")
     run = RunFolder(source)
+    run.check_not_damaged()
     if output_dir is None:
         if not run.is_run():
             raise UserInputError(f"{source} is not a run folder: say where the export goes (--output).")
