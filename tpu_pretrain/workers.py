@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import socket
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .environment import environment_override
 from .errors import UserInputError
 from .formatting import hms
+from .runtime import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
 TF_CONFIG_HELP = "see README, 'Training on several machines'"
@@ -115,7 +113,7 @@ def wait_for_workers(workers: Workers, timeout_seconds: float, poll_seconds: flo
     listener.listen(64)  # never accepted: a connection that completes is all another worker asks
     started, said = time.monotonic(), -60.0
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             while missing := [(i, a) for i, a in workers.others if not _answers(a)]:
                 waited = time.monotonic() - started
                 names = ", ".join(f"{a} (task {i})" for i, a in missing)
@@ -143,18 +141,3 @@ def _answers(address: str) -> bool:
         return False
 
 
-@contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM ends the wait as Ctrl-C does (the command line then says so and exits 130)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

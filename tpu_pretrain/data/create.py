@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from ..config import DATA, Config, pinned_settings
 from ..config_checks import max_predictions
 from ..errors import UserInputError
+from ..runtime import sigterm_as_interrupt
 from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
@@ -96,7 +97,7 @@ def create_pretraining_data(config: Config) -> Manifest:
     out = check_writable_folder(config.storage.output_dir)
     plan = plan_data(config)
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             return _create(plan, out)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -174,22 +175,6 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int) -> dict[str, 
     return shards
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM stops create-data as Ctrl-C does: the workers are stopped, what is complete is kept, the message
-    says to run the same command again (instead of a silent death and the workers' broken-pipe tracebacks)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
