@@ -1,6 +1,6 @@
 """Does bfloat16 (what a TPU trains in) follow float32? The loss curve and held-out MLM figures of both.
 
-Usage: python benchmarks/bench_bfloat16.py [--model_size L2-H128] [--steps 200] [--batch 32]
+Usage: python benchmarks/bench_bfloat16.py [--model_size L2-H128] [--steps 200] [--batch 32] [--smoke]
 
 The same model, data order and seed are trained twice on the CPU: once in float32, once under Keras's
 ``mixed_bfloat16`` policy (weights float32, compute bfloat16, loss in float32 from the logits), which is what
@@ -9,7 +9,8 @@ held-out MLM loss and accuracy at the end. A gap that grows with training, or a 
 less, would call for LayerNorm statistics in float32. Measured when written (2-core CPU, L2-H128, 200 steps
 of 32 x 32 synthetic tokens, learning rate 2e-3): train losses at most 1.0% apart (where the curve is
 steepest; 2.049 vs 2.027 at the end), held-out MLM loss 2.405 (float32) vs 2.354 (bfloat16), accuracy 0.326
-vs 0.328: no loss from bfloat16, so LayerNorm keeps the policy's compute type.
+vs 0.328: no loss from bfloat16, so LayerNorm keeps the policy's compute type. ``--smoke``: 2 steps of batch 4
+on 32 instances (seconds; meaningless figures).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tensorflow as tf
 
 # isort: on
 from pretraining_fixtures import synthetic_data_folder
+from support import parse_args
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.tf_backend.accelerator import Accelerator
@@ -49,12 +51,15 @@ def main() -> None:
     parser.add_argument("--model_size", default="L2-H128")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32)
-    args = parser.parse_args()
+    parser.add_argument("--instances", type=int, default=256, help="train instances, and as many held out")
+    args = parse_args(parser, smoke={"steps": 2, "batch": 4, "instances": 32},
+                      what="2 steps of batch 4 on 32 toy instances")
     with tempfile.TemporaryDirectory() as folder:
-        synthetic_data_folder(folder, 256, 256)
+        synthetic_data_folder(folder, args.instances, args.instances)
         f32, f32_eval = curve(folder, "float32", args)
         bf16, bf16_eval = curve(folder, "bfloat16", args)
-    print(f"{args.model_size}, {args.steps} steps of {args.batch} x 32 tokens; train loss every {args.steps // 10}:")
+    every = max(1, args.steps // 10)
+    print(f"{args.model_size}, {args.steps} steps of {args.batch} x 32 tokens; train loss every {every} step(s):")
     print("  float32 ", " ".join(f"{x:.3f}" for x in f32))
     print("  bfloat16", " ".join(f"{x:.3f}" for x in bf16))
     print(f"largest relative gap in the train loss: {max(abs(a - b) / a for a, b in zip(f32, bf16, strict=True)):.2%}")

@@ -1,6 +1,7 @@
 """Benchmark ``create-data`` end to end: input MB/s, instances/s and peak memory at two corpus sizes.
 
 Usage: python benchmarks/bench_create_data.py CORPUS VOCAB [--scales 1 4] [--workers 0] [--pack_sequences]
+       python benchmarks/bench_create_data.py --smoke   (the built-in sample corpus, 60k characters, x1 and x2)
 
 Each size runs ``tpu-pretrain create-data`` (dupe_factor 5, max_seq_length 128, whole-word masking)
 in a fresh process tree whose summed RSS is sampled every 20 ms, and reports MB/s, instances/s and the
@@ -24,6 +25,23 @@ import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import parse_args  # noqa: E402
+
+SMOKE_CHARS = 60_000  # of the built-in sample corpus
+
+
+def smoke_inputs(folder: Path) -> tuple[Path, str]:
+    """The built-in sample corpus (no download) and a small vocab built from it."""
+    import tpu_pretrain  # noqa: F401  (environment first)
+    from tpu_pretrain.config import Config
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+    from tpu_pretrain.data.vocab import build_vocab
+
+    corpus = write_sample_corpus(folder / "sample.txt", max_chars=SMOKE_CHARS)
+    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=500, output_dir=str(folder)))
+    return corpus, vocab.path
 
 
 def tree_rss(process: psutil.Process) -> int:
@@ -80,14 +98,19 @@ def tokenizer_only(corpus: Path, vocab: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("corpus", type=Path)
-    parser.add_argument("vocab")
+    parser.add_argument("corpus", type=Path, nargs="?", help="a text corpus (--smoke: the built-in sample)")
+    parser.add_argument("vocab", nargs="?", help="its vocab.txt (--smoke: one built from the sample)")
     parser.add_argument("--scales", type=int, nargs="+", default=[2, 16, 64], help="corpus copies per run")
     parser.add_argument("--workers", type=int, default=0, help="0: all cores")
     parser.add_argument("--pack_sequences", action="store_true", help="packed sequences (RoBERTa full sentences)")
-    args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} cores; corpus {args.corpus} ({args.corpus.stat().st_size / 1e6:.2f} MB)")
+    args = parse_args(parser, smoke={"scales": [1, 2]},
+                      what=f"the built-in sample corpus ({SMOKE_CHARS:,} characters) x1 and x2, a 500-token vocab")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.smoke and args.corpus is None:
+            args.corpus, args.vocab = smoke_inputs(Path(tmp))
+        elif args.corpus is None or args.vocab is None:
+            parser.error("give CORPUS and VOCAB (or --smoke)")
+        print(f"machine: {os.cpu_count()} cores; corpus {args.corpus} ({args.corpus.stat().st_size / 1e6:.2f} MB)")
         results = []
         for scale in args.scales:
             corpus = Path(tmp) / f"corpus_x{scale}.txt"

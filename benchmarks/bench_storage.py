@@ -1,7 +1,7 @@
 """Upload/download throughput against gcp-storage-emulator, with 1 and N parallel transfers.
 
     .venv/bin/python benchmarks/bench_storage.py [--workers 8] [--small 200] [--large-mb 64]
-                                                 [--latency-ms 0]
+                                                 [--latency-ms 0] [--smoke]
 
 Two workloads: many small files (where per-request latency dominates and parallel transfers pay)
 and one large file (with N workers it moves as parallel slices: a composite upload of parts and
@@ -9,7 +9,8 @@ ranged downloads, ``--slice-mb`` each; with 1 worker as one resumable stream of 
 The emulator is a single-threaded server on loopback with no network latency and no per-stream limit,
 so it understates what parallelism gains against real Cloud Storage (where one stream tops out well
 below a VM's bandwidth); ``--latency-ms`` and ``--stream-mib-s`` put a proxy in front that adds that
-delay to every request and caps each request's throughput, modelling a real bucket.
+delay to every request and caps each request's throughput, modelling a real bucket. ``--smoke``: a few
+small files and a 2 MiB file in 512 KiB slices (seconds; meaningless figures).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from storage_emulator import DenyingProxy, Emulator  # noqa: E402
+from support import parse_args  # noqa: E402
 
 from tpu_pretrain.storage import auth  # noqa: E402
 from tpu_pretrain.storage.transfer import TransferOptions, transfer  # noqa: E402
@@ -30,9 +32,9 @@ from tpu_pretrain.storage.transfer import TransferOptions, transfer  # noqa: E40
 MiB = 1024 * 1024
 
 
-def run(src: str, dst: str, workers: int, slice_mb: int = 8) -> tuple[float, int]:
-    options = TransferOptions(workers=workers, progress=False, retries=0, parallel_threshold=2 * slice_mb * MiB,
-                              slice_size=slice_mb * MiB)
+def run(src: str, dst: str, workers: int, slice_mb: float = 8) -> tuple[float, int]:
+    options = TransferOptions(workers=workers, progress=False, retries=0, parallel_threshold=int(2 * slice_mb * MiB),
+                              slice_size=int(slice_mb * MiB))
     summary = transfer(src, dst, options)
     if not summary.ok or summary.skipped:
         raise SystemExit(summary.text())
@@ -46,10 +48,11 @@ def main() -> None:
     parser.add_argument("--small-kb", type=int, default=64)
     parser.add_argument("--large-mb", type=int, default=64)
     parser.add_argument("--latency-ms", type=float, default=0.0)
-    parser.add_argument("--slice-mb", type=int, default=8, help="slice size of a parallel large-file transfer")
+    parser.add_argument("--slice-mb", type=float, default=8, help="slice size of a parallel large-file transfer")
     parser.add_argument("--stream-mib-s", type=float, default=0.0,
                         help="cap each request at this many MiB/s (a real bucket's per-stream limit); 0: none")
-    args = parser.parse_args()
+    args = parse_args(parser, smoke={"workers": 4, "small": 8, "small_kb": 16, "large_mb": 2, "slice_mb": 0.5},
+                      what="8 files of 16 KiB, one of 2 MiB in 512 KiB slices")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-storage-"))
     emu = Emulator(tmp / "emu").start()

@@ -1,7 +1,7 @@
 """Training throughput of the JAX backend: sequences/s and model FLOPs utilisation (MFU), and input speed.
 
 Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256] [--steps 20]
-           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--peak_tflops 989]
+           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--peak_tflops 989] [--smoke]
 
 Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
 NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
@@ -10,12 +10,12 @@ and its input pipeline. FLOPs per sequence:
 MFU is stated against (1) ``--peak_tflops`` if given, else the accelerator's published dense peak for the
 precision when the device is known, and (2) a large matmul in the training precision measured here.
 The input pipeline is timed alone too: it must produce sequences faster than the step consumes them.
+``--smoke``: L2-H128 on a tiny vocab for a few steps, a short matmul reading (seconds; meaningless figures).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,12 +24,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import numpy as np  # noqa: E402
+
+from support import parse_args, write_random_data_folder  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
-from tpu_pretrain.data.data_folder import shard_name  # noqa: E402
-from tpu_pretrain.data.tfrecord import AtomicRecordWriter, encode_examples  # noqa: E402
 
 # Published dense peaks per device, TFLOP/s: (bfloat16, float32 or TF32 as XLA uses it).
 PEAKS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0), "L4": (121.0, 60.0),
@@ -37,24 +36,7 @@ PEAKS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0),
          "TPU v3": (61.5, 61.5), "TPU v2": (22.5, 22.5)}
 
 
-def write_random_shards(folder: str, n: int, seq: int, pred: int, vocab: int) -> None:
-    rng = np.random.default_rng(0)
-    positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), pred, replace=False) for _ in range(n)]), 1)
-    batch = {"input_ids": rng.integers(5, vocab, (n, seq)), "input_mask": np.ones((n, seq), np.int64),
-             "segment_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int64).repeat(n, 0),
-             "masked_lm_positions": positions, "masked_lm_ids": rng.integers(5, vocab, (n, pred)),
-             "masked_lm_weights": np.ones((n, pred), np.float32), "next_sentence_labels": rng.integers(0, 2, (n, 1))}
-    writer = AtomicRecordWriter(os.path.join(folder, shard_name("train", 0, 1)))
-    writer.write_all(encode_examples(batch))
-    writer.close()
-    manifest = {"settings": {"max_seq_length": seq, "max_predictions_per_seq": pred}, "vocab_size": vocab,
-                "vocab_sha256": "", "inputs": [], "corpus_report": "random", "shards": [
-                    {"file": shard_name("train", 0, 1), "split": "train", "instances": n}]}
-    with open(os.path.join(folder, "manifest.json"), "w") as handle:
-        json.dump(manifest, handle)
-
-
-def measured_peak(dtype: str, n: int) -> float:
+def measured_peak(dtype: str, n: int, seconds: float = 2.0) -> float:
     """FLOP/s of an n x n matmul chain in ``dtype`` on the default device (the practical peak)."""
     import jax
     import jax.numpy as jnp
@@ -63,7 +45,7 @@ def measured_peak(dtype: str, n: int) -> float:
     f = jax.jit(lambda x: jnp.sum(x @ x @ x @ x).astype(jnp.float32))
     f(a).block_until_ready()
     runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 2.0:
+    while time.perf_counter() - start < seconds:
         f(a).block_until_ready()
         runs += 1
     return 3 * 2.0 * n**3 * runs / (time.perf_counter() - start)
@@ -78,13 +60,20 @@ def published_peak(device, precision: str) -> float | None:
 
 
 def input_rate(trainer, batches: int) -> float:
-    """Sequences/s the input pipeline delivers alone (reading, decoding, batching)."""
-    trainer.start_input(0)
-    next(trainer.train_batches)
+    """Sequences/s the input pipeline delivers alone (reading, decoding, batching; the trainer's own input is
+    read by its prefetch thread, so this opens another)."""
+    from tpu_pretrain.jax_backend.input import TrainingBatches
+
+    t, d = trainer.config.train, trainer.config.data
+    source = TrainingBatches(trainer.data.train_files, t.train_batch_size, d.max_seq_length,
+                             d.max_predictions_per_seq, seed=t.train_seed)
+    next(source)
     start = time.perf_counter()
     for _ in range(batches):
-        next(trainer.train_batches)
-    return batches * trainer.config.train.train_batch_size / (time.perf_counter() - start)
+        next(source)
+    seconds = time.perf_counter() - start
+    source.close()
+    return batches * t.train_batch_size / seconds
 
 
 def main() -> None:
@@ -99,14 +88,17 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak to state MFU against")
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
-    args = parser.parse_args()
+    parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
+    args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
+                                     "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2},
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, a 512^3 matmul reading")
 
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     cfg = bert_config_for_size(args.model_size, args.vocab)
     flops = training_flops_per_sequence(cfg, args.seq, args.pred)
     with tempfile.TemporaryDirectory() as folder:
-        write_random_shards(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
+        write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
         config = Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
                              train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
                              mixed_precision=args.precision, steps_per_execution=args.steps_per_execution)
@@ -116,19 +108,20 @@ def main() -> None:
         first = time.perf_counter() - start
         trainer.train_steps(args.steps_per_execution)
         start = time.perf_counter()
-        trainer.train_steps(args.steps)
+        wait = trainer.train_steps(args.steps)["input_wait_share"]
         rate = args.steps * args.batch / (time.perf_counter() - start)
-        feed = input_rate(trainer, max(4, args.steps))
         trainer.close()
+        feed = input_rate(trainer, max(4, args.steps))
     devices = trainer.devices
     dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"
     size = args.matmul_size or (2048 if devices.kind == "cpu" else 8192)
-    measured = measured_peak(dtype, size)
+    measured = measured_peak(dtype, size, args.matmul_seconds)
     peak = args.peak_tflops * 1e12 or published_peak(devices.devices[0], devices.precision)
     print(f"device: {devices.describe()} ({getattr(devices.devices[0], 'device_kind', '?')}); model "
           f"{args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}: "
           f"{flops / 1e9:.2f} GFLOP per training sequence")
-    print(f"training: {rate:.1f} sequences/s ({rate * flops / 1e12:.2f} TFLOP/s); first call {first:.1f} s")
+    print(f"training: {rate:.1f} sequences/s ({rate * flops / 1e12:.2f} TFLOP/s); first call {first:.1f} s; "
+          f"the devices waited on input {wait:.1%} of the time")
     print(f"MFU vs a {size}^3 {dtype} matmul measured here ({measured / 1e12:.2f} TFLOP/s): "
           f"{rate * flops / measured:.1%}")
     if peak:

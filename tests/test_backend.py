@@ -78,3 +78,32 @@ def test_both_backends_offer_wsd_dynamic_masking_and_float16(setting, value):
     settings = Config.load(**{setting: value}).train
     for name in backend.BACKENDS:
         backend.check_offered(name, settings)
+
+
+def test_neither_backend_installed_names_extras_that_exist(monkeypatch):
+    import configparser
+    import re
+    from pathlib import Path
+
+    fake_runtime(monkeypatch, {}, False)
+    with pytest.raises(UserInputError) as caught:
+        backend.choose_backend("auto")
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).parents[1] / "setup.cfg")
+    extras = set(setup["options.extras_require"])
+    named = re.findall(r"tpu_pretrain\[(\w+)\]", str(caught.value))
+    assert named and set(named) <= extras, (named, extras)
+    assert "bert4keras==0.11.5" in str(caught.value)
+
+
+def test_a_setting_a_recipe_made_is_blamed_on_the_recipe():
+    """A refused setting names who set it: the recipe (override it) or the user (leave it unset)."""
+    settings = Config.load(jit_compile="off").train
+    with pytest.raises(UserInputError) as caught:
+        backend.check_offered("jax", settings, set_by={"jit_compile": "--recipe some_recipe"})
+    message = " ".join(str(caught.value).split())
+    assert "jit_compile='off' (training without XLA, set by --recipe some_recipe)" in message
+    assert "or give --jit_compile another value (it wins over the recipe)" in message
+    with pytest.raises(UserInputError) as caught:
+        backend.check_offered("jax", settings)
+    assert "set by" not in str(caught.value) and "or leave jit_compile unset" in str(caught.value)

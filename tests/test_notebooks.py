@@ -163,7 +163,8 @@ def test_the_colab_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
     mirrored = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/runs/bert/")}
     assert "project/runs/bert/checkpoints/ckpt-000000006/checkpoint.json" in mirrored
     # A fresh runtime: the run comes back from its mirror and goes on to step 9.
-    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "colab", project_dir=project, num_train_steps=9)
+    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "colab", project_dir=project, num_train_steps=9,
+                              rewarm_steps=2)  # the run had finished: a new phase
     assert (workdir / "work" / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
     workdir, output = runtimes.run("06_evaluate_and_export.ipynb", "evaluate", "colab", project_dir=project,
                                    top_k=3)
@@ -199,7 +200,8 @@ def test_the_kaggle_path_without_a_bucket(runtimes, bucket):
     run = runtimes.save_version(workdir, "train-output") / "tpu_pretrain" / "runs" / "bert"
     assert (run / "checkpoints" / "ckpt-000000006").is_dir()
     workdir, _ = runtimes.run("05_resume.ipynb", "resume", "kaggle", resume_from=str(run), data_dir=str(data),
-                              project_dir=str(runtimes.root / "resume" / working), num_train_steps=9)
+                              project_dir=str(runtimes.root / "resume" / working), num_train_steps=9,
+                              rewarm_steps=2)  # the run had finished: a new phase
     assert (workdir / working / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
 
 

@@ -57,8 +57,9 @@ def choose_backend(requested: str = AUTO) -> tuple[str, str]:
     if not tensorflow_installed() and jax_installed():
         return JAX, "TensorFlow, tf-keras or bert4keras is not installed here; JAX and Keras 3 are"
     if not tensorflow_installed():
-        raise UserInputError("Neither backend is installed: pip install 'tpu_pretrain[tensorflow]' or "
-                             "'tpu_pretrain[jax]'.")
+        raise UserInputError("Neither backend is installed: pip install 'tpu_pretrain[jax]' (Keras 3 on JAX), or "
+                             "'tpu_pretrain[cpu]' (TensorFlow; '[gpu]' is the same set) and then pip install --no-deps "
+                             f"bert4keras=={BERT4KERAS_VERSION}.")
     return TENSORFLOW, "TensorFlow with bert4keras is installed and can use this machine"
 
 
@@ -81,11 +82,16 @@ OFFERS = (
 )
 
 
-def check_offered(backend: str, train_settings) -> None:
-    """Refuse a setting that ``backend`` does not offer, naming the setting and the backend that has it."""
+def check_offered(backend: str, train_settings, set_by: dict[str, str] | None = None) -> None:
+    """Refuse a setting that ``backend`` does not offer, naming the setting, who set it (``set_by``: a recipe) and
+    the backend that has it."""
     for offer in OFFERS:
         value = getattr(train_settings, offer.setting)
         if offer.used(value) and backend not in offer.backends:
+            source = (set_by or {}).get(offer.setting)
+            origin = f", set by {source}" if source else ""
+            unset = (f"give --{offer.setting} another value (it wins over the recipe)" if source
+                     else f"leave {offer.setting} unset")
             raise UserInputError(
-                f"{offer.setting}={value!r} ({offer.what}) is offered by the {' and '.join(offer.backends)} "
-                f"backend, not {backend}: train with --backend {offer.backends[0]}, or leave {offer.setting} unset.")
+                f"{offer.setting}={value!r} ({offer.what}{origin}) is offered by the {' and '.join(offer.backends)} "
+                f"backend, not {backend}: train with --backend {offer.backends[0]}, or {unset}.")

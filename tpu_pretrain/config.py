@@ -146,10 +146,12 @@ class TrainConfig:
                           "then a cool-down over the last num_cooldown_steps; raise or lower num_train_steps on "
                           "resume to move the cool-down (it never jumps).", choices=("linear", "wsd"), steps=(TRAIN,))
     num_cooldown_steps: int = _f(0, "wsd: steps of the final decay; 0: 20% of num_train_steps.", steps=(TRAIN,))
-    rewarm_steps: int = _f(0, "Resuming a run whose learning rate has decayed to about zero with a larger "
-                           "num_train_steps: warm up again from it to learning_rate over this many steps, then "
-                           "decay again (0: refuse, saying so).", steps=(TRAIN,))
-    save_checkpoints_steps: int = _f(1000, "Steps between checkpoints.", steps=(TRAIN,))
+    rewarm_steps: int = _f(0, "Extending a run whose learning rate decayed to ~0: warm up again over this many "
+                           "steps, then decay to the new end (0: refuse, saying so).", steps=(TRAIN,))
+    save_checkpoints_steps: int = _f(1000, "Steps between checkpoints (0: by time alone).", steps=(TRAIN,))
+    save_checkpoints_minutes: float = _f(0.0, "Minutes between checkpoints (0: by steps alone); with both, whichever "
+                                         "comes first. The end and a stop (deadline, SIGTERM) always save.",
+                                         steps=(TRAIN,))
     optimizer: str = _f("adamw", "adamw (BERT's Adam with decoupled weight decay) or lamb (large batches).",
                         choices=("adamw", "lamb"), steps=(TRAIN,), pins=(RUN,))
     weight_decay_rate: float = _f(0.01, "Decoupled weight decay; LayerNorm and bias weights are excluded.",
@@ -187,6 +189,8 @@ class TrainConfig:
                            steps=(TRAIN,))
     task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
                          steps=(TRAIN,))
+    worker_wait_minutes: float = _f(10.0, "Several machines: how long each waits for the others to start before "
+                                    "giving up, naming the missing ones.", steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
                               "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"),
                                                                steps=(TRAIN,))
@@ -208,9 +212,16 @@ class StorageConfig:
                        steps=(TRAIN, EVALUATE, STORAGE_CHECK))
     output_dir: str = _f("", "Folder (or gs:// URL) this step writes to (vocab: OUTPUT_DIR/vocab.txt).",
                          steps=(VOCAB, CREATE_DATA, TRAIN, DEMO, STORAGE_CHECK))
-    keep_checkpoint_max: int = _f(5, "Newest checkpoints kept.", steps=(TRAIN,))
+    keep_checkpoint_max: int = _f(5, "Newest checkpoints kept in the run folder (one more while saving).",
+                                  steps=(TRAIN,))
     mirror_dir: str = _f("", "Drive folder or gs:// URL where the run's checkpoints are mirrored in the background.",
                          steps=(TRAIN,))
+    mirror_keep: int = _f(2, "Newest checkpoints kept in mirror_dir (one more while copying); older ones are "
+                          "deleted for good (on Drive: not into its bin).", steps=(TRAIN,))
+    mirror_max_lag: int = _f(2, "Checkpoints the mirror may be behind (the one being copied counts) before "
+                             "mirror_failure applies.", steps=(TRAIN,))
+    mirror_failure: str = _f("stop", "A mirror that falls behind: stop (training saves and exits 75, saying why) or "
+                             "continue (warns at each save).", choices=("stop", "continue"), steps=(TRAIN,))
     transfer_workers: int = _f(8, "Parallel file transfers to and from Cloud Storage.", steps=(TRANSFER, TRAIN))
     transfer_retries: int = _f(5, "Retries per file on transient errors (exponential backoff).",
                                steps=(TRANSFER, TRAIN))

@@ -90,11 +90,24 @@ def _check_storage(s) -> None:
             check_location(getattr(s, key))
         except StorageError as exc:
             raise ConfigError(f"Setting {key}: {exc}") from None
+    _check_mirror_outside_run(s)
     _require(s.keep_checkpoint_max >= 1, "keep_checkpoint_max", s.keep_checkpoint_max, "keep at least 1")
+    _require(s.mirror_keep >= 1, "mirror_keep", s.mirror_keep, "keep at least 1")
+    _require(s.mirror_max_lag >= 1, "mirror_max_lag", s.mirror_max_lag, "use at least 1")
     _require(s.transfer_workers >= 1, "transfer_workers", s.transfer_workers, "use at least 1")
     _require(s.transfer_retries >= 0, "transfer_retries", s.transfer_retries, "use 0 or more")
     _require(s.resumable_chunk_mb >= 1, "resumable_chunk_mb", s.resumable_chunk_mb, "use at least 1")
     _require(s.parallel_threshold_mb >= 1, "parallel_threshold_mb", s.parallel_threshold_mb, "use at least 1")
+
+
+def _check_mirror_outside_run(s) -> None:
+    """A mirror inside the run folder copies its own copies (under checkpoints/ without end) and survives nothing."""
+    if not s.mirror_dir or not s.output_dir or "://" in s.mirror_dir or "://" in s.output_dir:
+        return
+    mirror, run = os.path.realpath(s.mirror_dir), os.path.realpath(s.output_dir)
+    _require(mirror != run and not mirror.startswith(run + os.sep), "mirror_dir", s.mirror_dir,
+             f"it is inside output_dir={s.output_dir!r}, the run folder it copies, so the copies would be copied "
+             "again into themselves and be lost with it; mirror to a Drive folder or gs:// URL outside the run folder")
 
 
 def _check_train(t) -> None:
@@ -109,8 +122,12 @@ def _check_train(t) -> None:
     )
     _require(t.num_cooldown_steps >= 0, "num_cooldown_steps", t.num_cooldown_steps,
              "use 0 (20% of num_train_steps) or a positive count")
-    _require(t.save_checkpoints_steps >= 1, "save_checkpoints_steps", t.save_checkpoints_steps,
-             "use at least 1")
+    _require(t.save_checkpoints_steps >= 0, "save_checkpoints_steps", t.save_checkpoints_steps,
+             "use 0 (by time alone) or more")
+    _require(t.save_checkpoints_minutes >= 0, "save_checkpoints_minutes", t.save_checkpoints_minutes,
+             "use 0 (by steps alone) or more, e.g. 20")
+    _require(t.save_checkpoints_steps or t.save_checkpoints_minutes, "save_checkpoints_steps",
+             t.save_checkpoints_steps, "set it or save_checkpoints_minutes (or both): checkpoints are what resumes")
     _require(t.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
              t.gradient_accumulation_steps, "use at least 1")
     _require(t.train_batch_size % t.gradient_accumulation_steps == 0, "train_batch_size",
@@ -137,6 +154,13 @@ def _check_optimizer(t) -> None:
     _require(0 <= t.end_learning_rate <= t.learning_rate, "end_learning_rate", t.end_learning_rate,
              f"use a value between 0 and learning_rate={t.learning_rate}")
     _require(t.session_margin_minutes >= 0, "session_margin_minutes", t.session_margin_minutes, "use 0 or more")
+    _require(t.session_hours <= 0 or t.session_hours * 60 > t.session_margin_minutes, "session_hours",
+             t.session_hours, f"a session of {t.session_hours * 60:g} min ends within the last "
+             f"session_margin_minutes={t.session_margin_minutes:g} kept for the final save, so every start would train "
+             "one step and stop; give a longer session_hours (it counts from the start of train), a smaller "
+             "session_margin_minutes, or session_hours -1 for no limit")
+    _require(t.worker_wait_minutes > 0, "worker_wait_minutes", t.worker_wait_minutes, "use a positive number of "
+             "minutes, e.g. 10")
 
 
 def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 COLAB, KAGGLE, LOCAL = "colab", "kaggle", "local"
@@ -46,3 +49,21 @@ def tpu_vm_present() -> bool:
     if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
         return True
     return any(os.environ.get(k) for k in TPU_ENVIRONMENT)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM stops the enclosed work as Ctrl-C does (``KeyboardInterrupt``), so a long step stops cleanly and
+    says how to continue instead of dying silently; only the main thread can take signals, elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

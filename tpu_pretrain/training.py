@@ -12,13 +12,15 @@ import copy
 import json
 import logging
 
-from .backend import AUTO, check_offered, choose_backend
-from .config import Config
+from .backend import AUTO, TENSORFLOW, check_offered, choose_backend
+from .config import MODERN_RECIPE, Config
+from .core.checkpoints import list_checkpoints
 from .core.loop import TrainResult, run_training
 from .core.protocol import Trainer
 from .core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
 from .errors import UserInputError
 from .storage.local import check_writable_folder
+from .workers import find_workers, wait_for_workers
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,20 @@ def train(config: Config | None = None, *, progress: bool | None = None, set_asi
     if not output_dir:
         raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
     check_writable_folder(output_dir)
+    check_not_past_the_end(output_dir, config.train.num_train_steps)
     return run_training(make_trainer(config), output_dir, progress=progress,
                         set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
+
+
+def check_not_past_the_end(output_dir: str, num_train_steps: int) -> None:
+    """Refuse a num_train_steps below the step the run has reached (before its config.json records it)."""
+    newest = next(iter(list_checkpoints(RunFolder(output_dir).checkpoints)), None)
+    if newest is not None and newest.step > num_train_steps:
+        raise UserInputError(
+            f"The run in {output_dir} is at step {newest.step} ({newest.name}), past num_train_steps="
+            f"{num_train_steps}: there is nothing to train. To train on, give a num_train_steps above {newest.step} "
+            "(with --rewarm_steps if its learning rate has decayed); to use the weights as they are, "
+            "`tpu-pretrain evaluate` or `export` the run. Nothing was changed.")
 
 
 def recorded_backend(output_dir: str) -> str | None:
@@ -62,15 +76,29 @@ def resolve_backend(requested: str, output_dir: str = "") -> tuple[str, str]:
 
 
 def make_trainer(config: Config) -> Trainer:
-    """The trainer of the configured backend, after checking that it offers every setting asked for."""
+    """The trainer of the configured backend, after checking that it offers every setting asked for and, on
+    several machines, that the other workers are up (:mod:`.workers`)."""
     backend, reason = resolve_backend(config.train.backend, config.storage.output_dir)
-    check_offered(backend, config.train)
+    check_offered(backend, config.train, set_by=recipe_settings(config))
+    workers = find_workers(config.train.worker_hosts, config.train.task_index)
+    if workers is not None and backend != TENSORFLOW:
+        raise UserInputError(f"{workers.source} describes {len(workers.addresses)} machines, but the {backend} backend "
+                             "trains on one: unset TF_CONFIG to train here alone, or train with --backend tensorflow.")
     log.info("Training backend: %s (%s).", backend, reason)
     config.train.backend = backend  # the run records the backend it was trained with
     if backend == "jax":
         from .jax_backend.trainer import JaxTrainer
 
         return JaxTrainer(config)
+    if workers is not None:
+        wait_for_workers(workers, config.train.worker_wait_minutes * 60)
     from .tf_backend.trainer import Trainer as TensorFlowTrainer
 
     return TensorFlowTrainer(config)
+
+
+def recipe_settings(config: Config) -> dict[str, str]:
+    """The settings a recipe set (not given by name), with where they came from, for messages about them."""
+    if config.data.recipe != "modern":
+        return {}
+    return {key: "--recipe modern" for key in MODERN_RECIPE if key not in config.explicit}

@@ -1,6 +1,6 @@
-"""The checkpoint manager on real TensorFlow checkpoints: atomic writes, fallback, full disk, mirror."""
+"""The checkpoint manager on real TensorFlow checkpoints: atomic writes, fallback, full disk (the mirror and the
+space it may use: test_durable_copy.py)."""
 
-import os
 import subprocess
 
 import numpy as np
@@ -17,9 +17,6 @@ from tpu_pretrain.core.checkpoints import (
     find_checkpoint,
     verify,
 )
-from tpu_pretrain.core.mirror import CheckpointMirror, fetch_run
-from tpu_pretrain.core.run_folder import RunFolder
-from tpu_pretrain.storage import auth
 from tpu_pretrain.tf_backend.state import TensorFlowState
 
 
@@ -160,63 +157,3 @@ def shutil_free(path):
     import shutil
 
     return shutil.disk_usage(path).free
-
-
-def mirrored_manager(run_dir, checkpoint, url, keep_max=5):
-    mirror = CheckpointMirror(RunFolder(run_dir), url, keep_max=keep_max)
-    return CheckpointManager(RunFolder(run_dir).checkpoints, checkpoint, keep_max=keep_max, mirror=mirror), mirror
-
-
-def test_mirror_to_cloud_storage_survives_the_server_going_away(bucket, emulator, tmp_path, monkeypatch):
-    monkeypatch.setenv("TPU_PRETRAIN_GCS_RETRY_SECONDS", "3")  # fail fast while the server is away
-    url = f"gs://{bucket}/run"
-    model, optimizer, checkpoint = make_state()
-    (tmp_path / "run" / "logs" / "train").mkdir(parents=True)
-    (tmp_path / "run" / "config.json").write_text('{"storage": {}}')
-    (tmp_path / "run" / "vocab.txt").write_text("[PAD]\n")
-    (tmp_path / "run" / "logs" / "train" / "events").write_bytes(b"curves")
-    manager, mirror = mirrored_manager(tmp_path / "run", checkpoint, url, keep_max=2)
-    manager.save(1)
-    assert mirror.wait(timeout=60)
-    emulator.kill()
-    train_a_step(model, optimizer)
-    manager.save(2)  # the local save succeeds; the mirror fails in the background
-    assert not mirror.wait(timeout=120, retry=False)
-    assert mirror.error
-    emulator.restart()
-    train_a_step(model, optimizer)
-    manager.save(3)
-    assert mirror.wait(timeout=60)
-    names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="run/")}
-    assert {"run/checkpoints/ckpt-000000002/checkpoint.json", "run/checkpoints/ckpt-000000003/checkpoint.json",
-            "run/checkpoints/latest"} <= names
-    assert not any("ckpt-000000001" in n for n in names)  # pruned to keep_max
-    # what a new runtime needs (the vocab too, for evaluate and export), and the curves
-    assert {"run/config.json", "run/vocab.txt", "run/logs/train/events"} <= names
-    mirror.close()
-
-    # A fresh runtime with no local files: restoring through the mirror brings the newest checkpoint back.
-    saved = weights(model)
-    model2, optimizer2, checkpoint2 = make_state(seed=5)
-    manager2, mirror2 = mirrored_manager(tmp_path / "fresh", checkpoint2, url)
-    info = manager2.restore_latest()
-    mirror2.close()
-    assert info.step == 3 and int(optimizer2.iterations) == int(optimizer.iterations) == 2
-    for a, b in zip(saved, weights(model2), strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert os.path.isdir(tmp_path / "fresh" / "checkpoints" / "ckpt-000000003")
-    # fetch_run brings the run files and the newest checkpoint, for evaluate and export as much as for train.
-    assert fetch_run(url, tmp_path / "fetched")
-    assert (tmp_path / "fetched" / "config.json").is_file() and (tmp_path / "fetched" / "vocab.txt").is_file()
-    assert find_checkpoint(tmp_path / "fetched" / "checkpoints").step == 3
-
-
-def test_a_full_drive_mirror_is_reported_and_training_goes_on(small_disk, tmp_path):
-    model, optimizer, checkpoint = make_state(width=256)
-    manager, mirror = mirrored_manager(tmp_path / "run", checkpoint, str(small_disk / "MyDrive" / "run"))
-    manager.save(1)  # the local save succeeds
-    assert not mirror.wait(timeout=60, retry=False)
-    assert "Not enough space" in mirror.error and "checkpoint ckpt-000000001" in mirror.error
-    assert verify(manager.local_checkpoints()[0]) is None
-    assert not (small_disk / "MyDrive" / "run" / "checkpoints" / "ckpt-000000001").exists()
-    mirror.close()

@@ -180,6 +180,7 @@ def test_a_stop_request_exits_75_so_that_a_chain_stops(data_dir, tmp_path):
     assert process.returncode == STOPPED_EARLY, err[-3000:]
     assert "Stopped early (SIGTERM received)" in out and "exit code 75" in out and "Traceback" not in err
     assert not (run / "train.lock").exists()
-    chained = subprocess.run(f"{' '.join(train_args(data_dir, run, 100_000))} --session_hours 0.00001 && touch "
+    short = "--session_hours 0.00001 --session_margin_minutes 0"  # over at once (a longer margin is refused)
+    chained = subprocess.run(f"{' '.join(train_args(data_dir, run, 100_000))} {short} && touch "
                              f"{tmp_path / 'exported'}", shell=True, capture_output=True, text=True, timeout=300)
     assert chained.returncode == STOPPED_EARLY and not (tmp_path / "exported").exists()

@@ -59,7 +59,9 @@ def test_status_and_continuing_with_safe_and_unsafe_changes(data_dir, tmp_path):
     status = run_status(run)
     assert "step 8 of 8" in status and "ckpt-000000008" in status and "time trained" in status
     # More steps is a safe change: `train` on the run folder alone continues from step 8.
-    assert main(["train", "--output_dir", str(run), "--num_train_steps", "12"]) == 0
+    # the run has finished (its rate decayed to 0): extending it needs a new warmup, and says so
+    assert main(["train", "--output_dir", str(run), "--num_train_steps", "12"]) == 2
+    assert main(["train", "--output_dir", str(run), "--num_train_steps", "12", "--rewarm_steps", "2"]) == 0
     assert "step 12 of 12" in run_status(run)
     assert len(example_ids_by_step(run)) == 12
     with pytest.raises(UserInputError, match=r"train_batch_size: 8 in the run, 16 now"):

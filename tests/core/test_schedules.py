@@ -98,6 +98,17 @@ def test_a_finished_run_extended_says_so_and_rewarms_on_request():
     assert after.rate(160) == pytest.approx(0.5) and after.rate(200) == 0.0 and "warmup" in change
 
 
+def test_a_finished_wsd_run_extended_under_a_cool_down_is_not_trained_at_zero():
+    """--num_train_steps 30 --num_cooldown_steps 30 on a wsd run finished at step 20 (issue 24, item 8)."""
+    done = plan(num_train_steps=20, num_warmup_steps=2, lr_schedule="wsd")
+    wanted = plan(num_train_steps=30, num_warmup_steps=2, lr_schedule="wsd", num_cooldown_steps=30)
+    with pytest.raises(UserInputError, match=r"decayed to 0 by step 20 \(num_train_steps 20 -> 30, cool-down start "
+                                             r"16 -> 2\): going on would train at about zero\. Add --rewarm_steps"):
+        resume(wanted, done.record(done), 20, 0)
+    after, _ = resume(wanted, done.record(done), 20, 4)
+    assert after.rate(24) == 1.0 and after.rate(27) == pytest.approx(0.5) and after.rate(30) == 0.0
+
+
 def test_schedules_recorded_by_earlier_versions_are_read():
     wanted = plan(num_train_steps=100, num_warmup_steps=10)
     tf_keras_linear = {"learning_rate": 1.0, "num_train_steps": 100, "num_warmup_steps": 10, "power": 1.0,

@@ -132,10 +132,10 @@ def test_fill_mask_whole_words_and_probabilities(trained):
             probs = [c["probability"] for c in slot["candidates"]]
             assert len(probs) == 4 and probs == sorted(probs, reverse=True) and 0 < probs[-1] and probs[0] <= 1
     # a single mask: the probability is the softmax of the logit at that position
-    ids = np.array([trained.pretraining.model.inputs[0].shape[1] * [0]])
+    ids = np.array([trained.model.pretraining.model.inputs[0].shape[1] * [0]])
     ids[0, :len(single["tokens"])] = [trained_vocab_id(trained, t) for t in single["tokens"]]
     position = single["masks"][0]["positions"][0]
-    logits = trained.pretraining.model([ids, np.zeros_like(ids), np.array([[position] + [0] * (PRED - 1)])])[0]
+    logits = trained.model.pretraining.model([ids, np.zeros_like(ids), np.array([[position] + [0] * (PRED - 1)])])[0]
     probs = tf.nn.softmax(tf.cast(logits[0, 0], tf.float64)).numpy()
     best = single["masks"][0]["candidates"][0]
     assert best["probability"] == pytest.approx(probs[trained_vocab_id(trained, best["pieces"][0])], rel=1e-5)
@@ -253,7 +253,7 @@ def test_huggingface_export_matches_our_model(run, trained):
     assert {p.name for p in folder.iterdir()} >= {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
                                                   "tokenizer_config.json", "special_tokens_map.json"}
     batch = eval_records(run.parent / "data", 16)
-    mlm, nsp = our_logits(trained.pretraining, batch)
+    mlm, nsp = our_logits(trained.model.pretraining, batch)
     inputs = dict(input_ids=torch.tensor(batch["input_ids"]), token_type_ids=torch.tensor(batch["segment_ids"]),
                   attention_mask=torch.tensor(batch["input_mask"]))
     positions = torch.tensor(batch["masked_lm_positions"])[..., None]
@@ -290,7 +290,7 @@ def test_huggingface_export_matches_our_model(run, trained):
     # and it imports back (--init_checkpoint's path) unchanged
     again = load_trained_model(folder, max_seq_length=SEQ, max_predictions_per_seq=PRED)
     assert not again.untrained
-    np.testing.assert_allclose(our_logits(again.pretraining, batch)[0], mlm, atol=1e-6)
+    np.testing.assert_allclose(our_logits(again.model.pretraining, batch)[0], mlm, atol=1e-6)
 
 
 # -- export: Google's original checkpoint ---------------------------------------------------------------
@@ -306,10 +306,10 @@ def test_tf_export_loads_in_bert4keras_with_google_names(run, trained):
     assert names["bert/encoder/layer_1/attention/self/query/kernel"] == [128, 128]
     assert names["cls/seq_relationship/output_weights"] == [2, 128]  # Google's [2, hidden]
     assert names["cls/predictions/output_bias"] == [2000]
-    assert set(names) == set(google_weights(trained.pretraining))
+    assert set(names) == set(google_weights(trained.model.pretraining))
 
     batch = eval_records(run.parent / "data", 16)
-    mlm, nsp = our_logits(trained.pretraining, batch)
+    mlm, nsp = our_logits(trained.model.pretraining, batch)
     model = build_transformer_model(str(folder / "bert_config.json"), str(folder / "bert_model.ckpt"),
                                     with_mlm="linear", with_nsp=True)
     _, b4k_mlm = model.predict([batch["input_ids"], batch["segment_ids"]], verbose=0)
@@ -324,7 +324,7 @@ def test_tf_export_loads_in_bert4keras_with_google_names(run, trained):
     assert mlm_diff <= TOLERANCE and nsp_diff <= TOLERANCE
 
     again = load_trained_model(folder, max_seq_length=SEQ, max_predictions_per_seq=PRED)
-    np.testing.assert_array_equal(our_logits(again.pretraining, batch)[1], nsp)
+    np.testing.assert_array_equal(our_logits(again.model.pretraining, batch)[1], nsp)
 
 
 # -- round trip of a released model ---------------------------------------------------------------------
@@ -372,7 +372,7 @@ def test_minilm_import_export_round_trip(tmp_path):
     real = inputs["attention_mask"].numpy().astype(bool)
     hidden_diff = np.abs(a.last_hidden_state.numpy() - b.last_hidden_state.numpy())[real].max()
     pooler_diff = np.abs(a.pooler_output.numpy() - b.pooler_output.numpy()).max()
-    ours = trained.pretraining.encoder([inputs["input_ids"].numpy(), inputs["token_type_ids"].numpy()]).numpy()
+    ours = trained.model.pretraining.encoder([inputs["input_ids"].numpy(), inputs["token_type_ids"].numpy()]).numpy()
     tf_diff = np.abs(ours - a.last_hidden_state.numpy())[real].max()
     print(f"MiniLM round trip: hidden max abs diff {hidden_diff:.2e}, pooler {pooler_diff:.2e}; our TF encoder "
           f"vs original {tf_diff:.2e}")
@@ -417,6 +417,7 @@ def test_mlm_only_model_exports_for_bert_for_masked_lm(tmp_path):
     from tpu_pretrain.export.fill_mask import fill_mask
     from tpu_pretrain.export.rebuild import TrainedModel
     from tpu_pretrain.export.writers import export_huggingface
+    from tpu_pretrain.tf_backend.inference import TfInference
 
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]
     vocab = tmp_path / "vocab.txt"
@@ -424,7 +425,7 @@ def test_mlm_only_model_exports_for_bert_for_masked_lm(tmp_path):
     tf.keras.utils.set_random_seed(1)
     model = build_pretraining_model(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
                                                num_attention_heads=2, intermediate_size=128), 16, 3, with_nsp=False)
-    out = export_huggingface(model, tmp_path / "hf", str(vocab))
+    out = export_huggingface(TfInference(model), tmp_path / "hf", str(vocab))
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     hf, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
@@ -434,5 +435,6 @@ def test_mlm_only_model_exports_for_bert_for_masked_lm(tmp_path):
     with torch.no_grad():
         theirs = hf.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor((ids > 0).astype(np.int64))).logits
     assert np.abs(theirs.numpy()[0, positions[0]] - ours[0]).max() <= TOLERANCE
-    result = fill_mask(TrainedModel(model, str(vocab), True, "in memory"), ["w2 [MASK] w4 [SEP] w5"], top_k=2)[0]
+    trained = TrainedModel(TfInference(model), str(vocab), True, "in memory")
+    result = fill_mask(trained, ["w2 [MASK] w4 [SEP] w5"], top_k=2)[0]
     assert len(result["masks"][0]["candidates"]) == 2 and "is_next_probability" not in result

@@ -1,6 +1,6 @@
 """The JAX backend where TensorFlow and bert4keras are not installed (as on Colab's TPU image): the package
-imports, trains (on 1 and 2 devices, with accumulation), resumes exactly after SIGKILLs, and exports a
-Hugging Face model that ``transformers`` runs to the same logits.
+imports, trains (on 1 and 2 devices, with accumulation), resumes exactly after SIGKILLs, evaluates, probes and
+exports its runs, and exports a Hugging Face model that ``transformers`` runs to the same logits.
 
 ``make test-jax-stack`` builds that environment (.venv-jax) and runs these tests there; in an environment
 with TensorFlow they are skipped (the parity tests beside them compare the two backends there).
@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +21,11 @@ if importlib.util.find_spec("tensorflow") is not None or importlib.util.find_spe
 pytest.importorskip("jax")
 
 from fault_injection import ENV, STEPS, check_resumed_run, sample_data, train_command  # noqa: E402
+from jax_runs import probe_task, use_a_jax_run_to_the_end  # noqa: E402
 
+from tpu_pretrain.core.run_weights import read_arrays, read_weights  # noqa: E402
 from tpu_pretrain.errors import UserInputError  # noqa: E402
 from tpu_pretrain.jax_backend.input import TrainingBatches, permute  # noqa: E402
-from tpu_pretrain.jax_backend.state import read_arrays, read_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_no_tensorflow_here_and_the_backend_is_chosen_for_it(tmp_path, capsys):
     with pytest.raises(UserInputError, match="--backend jax"):
         choose_backend("tensorflow")
     assert main(["evaluate", str(tmp_path)]) == 2  # said plainly, not an ImportError
-    assert "train_summary.json" in capsys.readouterr().err
+    assert "neither a run folder" in capsys.readouterr().err
 
 
 def test_order_is_a_pure_function_of_seed_and_records_consumed(data_dir):
@@ -92,19 +92,15 @@ NO_DROPOUT = ["--hidden_dropout_prob", "0"]  # other micro-batch shapes draw oth
 
 @pytest.mark.slow
 def test_trains_on_two_devices_as_on_one_and_loads_no_tensorflow(data_dir, tmp_path):
-    """2 logical CPU devices with 2 accumulated micro-batches make the same updates as 1 device; training and
-    exporting never load TensorFlow, tf-keras or bert4keras."""
+    """2 logical CPU devices with 2 accumulated micro-batches make the same updates as 1 device; training,
+    evaluating, exporting, probing and the status of a run never load TensorFlow, tf-keras or bert4keras."""
     one = tmp_path / "one"
-    script = textwrap.dedent(f"""
-        import sys
-        from tpu_pretrain.cli import main
-        assert main({train_command(data_dir, one, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT])[3:]!r}) == 0
-        assert main(["export", {str(one)!r}, "--format", "hf"]) == 0
-        print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tf_keras", "bert4keras")))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "LOADED []" in done.stdout and (one / "export" / "hf" / "model.safetensors").is_file()
+    task = probe_task(Path(data_dir).parent / "corpus.txt", tmp_path / "task.tsv")
+    used = use_a_jax_run_to_the_end(train_command(data_dir, one, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT])[3:], one,
+                                    task)
+    assert used["loaded"] == [] and used["backend"] == "jax"
+    assert (one / "export" / "hf" / "model.safetensors").is_file() and (one / "probe.json").is_file()
+    assert json.loads((one / "evaluation.json").read_text())["metrics"]["mlm_loss"] > 0
     two = tmp_path / "two"
     env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     accumulate = ["--gradient_accumulation_steps", "2"]

@@ -26,13 +26,21 @@ from tpu_pretrain.storage.download import DownloadError, cached_path, fetch
 class FileServer:
     """Serves files from a dict over HTTP on loopback, honouring Range and If-Range; records each request."""
 
-    def __init__(self, files: dict[str, bytes], chunk: int = 16 << 10, delay: float = 0.0, ranges: bool = True):
+    def __init__(self, files: dict[str, bytes], chunk: int = 16 << 10, delay: float = 0.0, ranges: bool = True,
+                 length: bool = True, etag: bool = True, chunked: bool = False, cut_first: int | None = None,
+                 content_type: str | None = None):
+        """``length``/``etag``: send Content-Length/ETag; ``chunked``: Transfer-Encoding chunked (HTTP/1.1);
+        ``cut_first``: the first response closes its connection after this many bytes of the file."""
         self.files, self.chunk, self.delay, self.ranges = files, chunk, delay, ranges
+        self.length, self.etag, self.chunked, self.cut_first, self.content_type = (length, etag, chunked, cut_first,
+                                                                                   content_type)
         self.requests: list[dict] = []
         self.bytes_sent = 0
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if chunked else "HTTP/1.0"
+
             def log_message(self, *args):
                 pass
 
@@ -47,7 +55,8 @@ class FileServer:
 
     def handle(self, request) -> None:
         name = request.path.lstrip("/")
-        self.requests.append({"path": name, "range": request.headers.get("Range")})
+        self.requests.append({"path": name, "range": request.headers.get("Range"),
+                              "if_range": request.headers.get("If-Range")})
         if name not in self.files:
             request.send_error(404)
             return
@@ -57,19 +66,40 @@ class FileServer:
         match = re.match(r"bytes=(\d+)-$", request.headers.get("Range") or "")
         if self.ranges and match and request.headers.get("If-Range") in (None, etag):
             start = int(match.group(1))
+            if start >= len(data):
+                request.send_response(416)
+                request.send_header("Content-Range", f"bytes */{len(data)}")
+                request.send_header("Content-Length", "0")
+                request.end_headers()
+                return
             request.send_response(206)
             request.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         else:
             request.send_response(200)
-        request.send_header("Content-Length", str(len(data) - start))
-        request.send_header("ETag", etag)
+        self._send_body(request, data, start, etag)
+
+    def _send_body(self, request, data: bytes, start: int, etag: str) -> None:
+        if self.length and not self.chunked:
+            request.send_header("Content-Length", str(len(data) - start))
+        if self.etag:
+            request.send_header("ETag", etag)
+        if self.content_type:
+            request.send_header("Content-Type", self.content_type)
+        if self.chunked:
+            request.send_header("Transfer-Encoding", "chunked")
         request.end_headers()
+        end = len(data)
+        if self.cut_first is not None:
+            end, self.cut_first = start + self.cut_first, None
         try:
-            for offset in range(start, len(data), self.chunk):
-                piece = data[offset:offset + self.chunk]
-                request.wfile.write(piece)
+            for offset in range(start, end, self.chunk):
+                piece = data[offset:min(offset + self.chunk, end)]
+                request.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if self.chunked else piece)
                 self.bytes_sent += len(piece)
                 time.sleep(self.delay)
+            if self.chunked and end == len(data):
+                request.wfile.write(b"0\r\n\r\n")
+            request.close_connection = True
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -163,3 +193,68 @@ def test_zip_and_gzip_corpora_are_read_as_streams(tmp_path):
     docs = list(CorpusReader([str(archive)], CorpusConfig()).documents())
     assert docs == [["First document line.", "Its second line."], ["Another document."], ["And a third one."]]
     assert list(CorpusReader([str(packed)], CorpusConfig()).documents()) == docs
+
+
+# -- a cut, a length never sent, a page instead of a file (issue 24) -----------------------------------------
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "no-ranges"])
+def test_a_cut_download_without_a_length_is_never_taken_for_the_whole_file(cache, ranges):
+    data = os.urandom(300_000)
+    server = FileServer({"c.bin": data}, length=False, etag=False, ranges=ranges, cut_first=144_000)
+    try:
+        assert fetch(server.url("c.bin")).read_bytes() == data
+        if ranges:  # the rest asked for: its Content-Range states the whole size
+            assert [r["range"] for r in server.requests] == [None, "bytes=144000-"]
+        else:  # a server without ranges: whole again, until two whole responses agree
+            assert len(server.requests) == 3
+    finally:
+        server.close()
+
+
+def test_a_chunked_response_cut_short_is_continued(cache):
+    data = os.urandom(200_000)
+    server = FileServer({"c.bin": data}, chunked=True, cut_first=70_000)
+    try:
+        assert fetch(server.url("c.bin")).read_bytes() == data
+        assert [r["range"] for r in server.requests] == [None, "bytes=70000-"]
+        assert server.bytes_sent < len(data) + 70_000  # continued, not fetched whole again
+    finally:
+        server.close()
+
+
+def test_a_server_without_etag_or_last_modified_still_gets_a_range_request(cache):
+    data = os.urandom(300_000)
+    server = FileServer({"c.bin": data}, etag=False, cut_first=100_000)
+    try:
+        assert fetch(server.url("c.bin")).read_bytes() == data
+        assert server.requests[1]["range"] == "bytes=100000-" and server.requests[1]["if_range"] is None
+        assert server.bytes_sent == len(data)
+    finally:
+        server.close()
+
+
+def test_a_length_less_file_is_whole_when_the_server_has_nothing_after_it(cache):
+    data = os.urandom(50_000)
+    server = FileServer({"c.bin": data}, length=False, etag=False)
+    try:
+        assert fetch(server.url("c.bin")).read_bytes() == data
+        assert [r["range"] for r in server.requests] == [None, "bytes=50000-"]  # answered 416: nothing more
+    finally:
+        server.close()
+
+
+def test_a_web_page_is_refused_as_a_corpus(cache, tmp_path):
+    server = FileServer({"blob/corpus.txt": b"<!DOCTYPE html><html><body>corpus.txt</body></html>"},
+                        content_type="text/html; charset=utf-8")
+    url = server.url("blob/corpus.txt")
+    try:
+        with pytest.raises(DownloadError, match=re.escape(url) + r" is a web page \(Content-Type text/html\), not "
+                                                                 "a corpus file"):
+            fetch(url)
+        assert not [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".json")]
+        done = subprocess.run([sys.executable, "-m", "tpu_pretrain", "vocab", "--input", url, "--output_dir",
+                               str(tmp_path / "v")], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TPU_PRETRAIN_CACHE_DIR": str(cache)})
+        assert done.returncode == 2 and "is a web page" in done.stderr and "Traceback" not in done.stderr
+        assert not (tmp_path / "v" / "vocab.txt").exists()
+    finally:
+        server.close()

@@ -1,6 +1,8 @@
 """The bert4keras pretraining model: fresh initial draws, masked-position MLM head, released weights."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -126,3 +128,12 @@ def test_google_checkpoint_naming_roundtrip(tmp_path):
     segments = np.zeros_like(ids)
     np.testing.assert_allclose(from_tf.encoder([ids, segments]).numpy(),
                                from_hf.encoder([ids, segments]).numpy(), atol=1e-6)
+    # Where TensorFlow cannot be imported (Colab's TPU image), the same checkpoint reads the same, bit for bit.
+    script = ("import sys; sys.modules['tensorflow'] = None\n"
+              "import numpy as np\n"
+              "from tpu_pretrain.core.weight_names import read_checkpoint_weights\n"
+              f"np.savez({str(tmp_path / 'read.npz')!r}, **read_checkpoint_weights({prefix!r}))\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    read = np.load(tmp_path / "read.npz")
+    assert sorted(read.files) == sorted(weights)
+    assert all(np.array_equal(read[name], value) and read[name].dtype == value.dtype for name, value in weights.items())

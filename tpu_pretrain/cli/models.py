@@ -32,12 +32,6 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
          "weights, fill-mask predictions, curves PNG; results in RUN/evaluation.json.",
          step_settings(EVALUATE), arguments=_evaluate_arguments)
 def _evaluate(config: Config, args: argparse.Namespace) -> int:
-    from ..backend import tensorflow_installed
-
-    if not tensorflow_installed():
-        raise UserInputError("evaluate runs the model with TensorFlow and bert4keras, which are not installed here. "
-                             "A run trained with --backend jax has its held-out figures in RUN/train_summary.json "
-                             "(final_eval); `tpu-pretrain export RUN --format hf` works without TensorFlow.")
     from ..export.evaluate import evaluate
     from ..export.plots import plot_run
 

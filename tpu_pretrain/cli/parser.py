@@ -160,7 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     help_text, flags, func = _COMMANDS[args.command]
     try:
         config = config_from_args(args, flags)
-        return int(func(config, args) or 0)
+        code = int(func(config, args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head -1`) is met here, not in Python's exit
+        return code
+    except BrokenPipeError:
+        _output_dropped()
+        return EXIT_FAILED
     except UserInputError as exc:
         print(f"tpu-pretrain {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -168,6 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tpu-pretrain {args.command}: interrupted. What was complete is kept (files are written whole or "
               "not at all); run the same command again to continue.", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _output_dropped() -> None:
+    """The reader of our output closed it (``status RUN | head -1``): say nothing more, and let the exit's flush
+    write to nowhere instead of printing a BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _default_text(f) -> str:

@@ -28,7 +28,15 @@ def _vocab(config: Config, args: argparse.Namespace) -> int:
 @command("create-data", "Turn a corpus into BERT pretraining TFRecord shards + manifest.json.",
          step_settings(CREATE_DATA))
 def _create_data(config: Config, args: argparse.Namespace) -> int:
+    from ..core.run_folder import RunFolder
     from ..data.create import create_pretraining_data
+    from ..errors import UserInputError
+
+    out = config.storage.output_dir
+    if out and RunFolder(out).holds_a_run():
+        raise UserInputError(f"--output_dir {out} holds a training run: shards would land among its checkpoints and "
+                             "replace the vocab.txt its model was trained with. Give create-data a folder of its own "
+                             "(then train with --data_dir pointing there); nothing was written.")
 
     if config.data.runner:
         from ..data.beam_pipeline import run_beam

@@ -27,8 +27,9 @@ from typing import Protocol
 
 from ..errors import UserInputError
 from ..formatting import human_bytes
+from ..storage import drive
 from ..storage.checksums import crc32c_file
-from ..storage.drive import SAFETY_MARGIN
+from ..storage.drive import free_space
 from ..storage.local import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class CheckpointState(Protocol):
 class Mirror(Protocol):
     """Where checkpoints are copied in the background (:class:`.mirror.CheckpointMirror`)."""
 
-    def schedule(self) -> None: ...
+    def schedule(self, step: int | None = None) -> None: ...
 
     def newest_step(self) -> int | None: ...
 
@@ -159,13 +160,13 @@ class CheckpointManager:
     """Saves, lists, prunes and restores the checkpoints in one folder; a mirror copies them away."""
 
     def __init__(self, directory: str | os.PathLike, checkpoint, *, keep_max: int = 5, mirror: Mirror | None = None,
-                 safety_margin: int = SAFETY_MARGIN):
+                 safety_margin: int | None = None):
         """``checkpoint``: the backend's :class:`CheckpointState` (None to only list, verify and fetch)."""
         self.directory = Path(directory)
         self.checkpoint = checkpoint
         self.keep_max = keep_max
         self.mirror = mirror
-        self.safety_margin = safety_margin
+        self.safety_margin = drive.margin_for(self.directory) if safety_margin is None else safety_margin
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, step: int, metadata: dict | None = None) -> CheckpointInfo:
@@ -199,17 +200,17 @@ class CheckpointManager:
         log.info("Saved checkpoint %s (%s) in %.1f s.", final, human_bytes(needed), time.perf_counter() - started)
         self._prune()
         if self.mirror is not None:
-            self.mirror.schedule()
+            self.mirror.schedule(step)
         return CheckpointInfo(step, str(final), manifest["metadata"])
 
     def _check_space(self, step: int, needed: int) -> None:
-        free = shutil.disk_usage(self.directory).free
-        if needed + self.safety_margin > free:
+        free = free_space(self.directory)  # Kaggle's /kaggle/working: what its 20 GB leave
+        if free is not None and needed + self.safety_margin > free:
             raise CheckpointError(
                 f"Not enough space to save the checkpoint for step {step} in {self.directory}: it needs about "
                 f"{human_bytes(needed)} (+{human_bytes(self.safety_margin)} margin) but {human_bytes(free)} is free. "
                 f"Free at least {human_bytes(needed + self.safety_margin - free)} (lower keep_checkpoint_max, delete "
-                "old files) and start again: training resumes from the newest checkpoint, which is intact.")
+                "other files) and start again: training resumes from the newest checkpoint, which is intact.")
 
     def _write(self, folder: Path, step: int, metadata: dict) -> dict:
         """The backend's files, then the manifest of their sizes and checksums, each synced to disk."""
@@ -230,8 +231,14 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         names = sorted(p.name for p in self.directory.iterdir() if step_of(p.name) is not None)
-        for name in names[:-self.keep_max]:
-            shutil.rmtree(self.directory / name, ignore_errors=True)
+        copying = getattr(self.mirror, "copying", None)  # the durable copy is reading it
+        for name in [n for n in names[:-self.keep_max] if n != copying]:
+            manifest = self.directory / name / MANIFEST
+            if drive.is_drive_path(self.directory) and manifest.is_file():  # for good, not into Drive's bin
+                written = {n: f["bytes"] for n, f in json.loads(manifest.read_text())["files"].items()}
+                drive.remove_written(str(self.directory / name), {**written, MANIFEST: manifest.stat().st_size})
+            else:
+                shutil.rmtree(self.directory / name, ignore_errors=True)
 
     # -- reading ----------------------------------------------------------------------------------
     def local_checkpoints(self) -> list[CheckpointInfo]:

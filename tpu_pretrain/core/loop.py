@@ -3,7 +3,8 @@
 The loop is the same for both backends: it drives a :class:`Trainer` (TensorFlow's
 :class:`.trainer.Trainer` or :class:`..jax_backend.trainer.JaxTrainer`), which owns the model, the
 optimizer, the input and the state a checkpoint holds. Checkpoints are saved every
-``save_checkpoints_steps``, at the end, and before stopping for the session deadline or SIGTERM/SIGINT;
+``save_checkpoints_steps`` and/or ``save_checkpoints_minutes``, at the end, and before stopping for the session
+deadline or SIGTERM/SIGINT, or because the durable copy fell too far behind (:mod:`.mirror`);
 starting again in the same folder continues exactly: the same weights, optimizer state, step, input
 position and dropout masks, so the run neither repeats nor skips an example. One process trains in a
 run folder at a time (:mod:`.run_lock`). A loss, weight or optimizer moment that is no longer finite
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from ..errors import UserInputError
 from ..formatting import hms
 from . import schedules
+from .checkpoint_space import check_rooms
 from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .event_log import ScalarLog
 from .metrics import format_metrics
@@ -48,6 +50,7 @@ class TrainResult:
     examples_per_second: float = 0.0
     seconds_to_first_step: float = 0.0
     stopped_reason: str | None = None  # set when training stopped early (deadline, SIGTERM) to resume later
+    input_wait_share: float | None = None  # of the training time, the devices waiting on input (backends that say)
 
     def summary(self) -> str:
         parts = [f"Trained to step {self.steps} in {self.output_dir}"]
@@ -59,6 +62,8 @@ class TrainResult:
             if "nsp_accuracy" in e:
                 parts.append(f"NSP accuracy {e['nsp_accuracy']:.4f}")
         parts.append(f"{self.examples_per_second:.1f} examples/s")
+        if self.input_wait_share is not None:
+            parts.append(f"input wait {self.input_wait_share:.1%} of the time")
         return "; ".join(parts)
 
 
@@ -72,19 +77,43 @@ class Throughput:
         self.steps = 0
         self.seconds = 0.0
         self.last_rate = 0.0
+        self.input_wait: float | None = None  # seconds the devices waited on input, where the backend says
+        self.first_wait_share: float | None = None
 
-    def record(self, steps: int, seconds: float) -> None:
+    def record(self, steps: int, seconds: float, input_wait: float | None = None) -> None:
         self.train_seconds += seconds
         if not self.seconds_to_first_step:
             self.seconds_to_first_step = time.perf_counter() - self.started
             self.last_rate = steps / seconds
+            self.first_wait_share = None if input_wait is None else input_wait / seconds
         else:
             self.steps += steps
             self.seconds += seconds
+            if input_wait is not None:
+                self.input_wait = (self.input_wait or 0.0) + input_wait
 
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.seconds if self.seconds else self.last_rate
+
+    @property
+    def input_wait_share(self) -> float | None:
+        return self.input_wait / self.seconds if self.input_wait is not None else self.first_wait_share
+
+
+class SaveCadence:
+    """When a checkpoint is due: every ``save_checkpoints_steps`` steps, every ``save_checkpoints_minutes``, or both."""
+
+    def __init__(self, steps: int, minutes: float):
+        self.steps, self.seconds, self.last = steps, minutes * 60.0, time.monotonic()
+
+    def due(self, trainer: Trainer, step: int) -> bool:
+        if self.steps and step % self.steps == 0:
+            return True
+        return bool(self.seconds) and trainer.any_worker(time.monotonic() - self.last >= self.seconds)  # all agree
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
 
 
 class TrainingDiverged(UserInputError):
@@ -104,12 +133,15 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     output_dir = str(run.path)
     manager, mirror = _checkpoints(trainer, run)
     throughput = Throughput(_resume(trainer, run, manager, set_aside_damaged))
+    if mirror is not None:
+        mirror.start(trainer.step or None)
     scalars = ScalarLog(run, enabled=trainer.is_chief)  # several machines: the chief writes the run's logs
     result = TrainResult(output_dir=output_dir, steps=trainer.step)
     if trainer.step == 0:
         result.initial_eval = _evaluate(trainer, scalars, 0, "Eval at step 0")
     bar = _progress_bar(trainer, progress)
     guard = SessionGuard(session_deadline(t.session_hours), margin_seconds=t.session_margin_minutes * 60)
+    cadence = SaveCadence(t.save_checkpoints_steps, t.save_checkpoints_minutes)
     try:
         while trainer.step < t.num_train_steps and not result.stopped_reason:
             step, target = trainer.step, _next_boundary(trainer)
@@ -117,7 +149,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
             metrics = trainer.train_steps(target - step)
             seconds = time.perf_counter() - tick
             _check_finite(trainer, manager, metrics, step, target)
-            throughput.record(target - step, seconds)
+            throughput.record(target - step, seconds, metrics.get("input_wait_seconds"))
             if trainer.is_chief:
                 _append_example_ids(trainer, run)
             metrics.update(steps_per_second=throughput.steps_per_second,
@@ -126,25 +158,25 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
             result.history.append({"step": target, **metrics})
             _show(bar, target, metrics, t.train_batch_size)
             result.stopped_reason = _at_boundary(trainer, target, metrics, scalars, manager, throughput,
-                                                 guard, seconds)
+                                                 guard, seconds, cadence)
     finally:
         guard.close()
         bar.close()
         trainer.close()
-        if mirror is not None:
-            if not mirror.wait(timeout=600):
-                log.warning("The checkpoint mirror %s is behind: %s", mirror.url, mirror.error)
-            mirror.close()
+        behind = mirror.finish(trainer.step) if mirror is not None else None
+    result.stopped_reason = result.stopped_reason or behind
     result.steps = trainer.step
     timed = throughput.steps / throughput.seconds if throughput.seconds else 0.0
     result.examples_per_second = timed * t.train_batch_size
     result.seconds_to_first_step = throughput.seconds_to_first_step
+    result.input_wait_share = throughput.input_wait_share
     if not result.stopped_reason:
         result.final_eval = _evaluate(trainer, scalars, result.steps, f"Final eval at step {result.steps}")
     if not result.stopped_reason and trainer.is_chief:
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
                            "seconds_to_first_step": result.seconds_to_first_step,
+                           "input_wait_share": result.input_wait_share,
                            "train_seconds": throughput.train_seconds, "accelerator": trainer.describe()})
     scalars.close()
     return result
@@ -161,9 +193,12 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
         from ..storage import drive
 
         drive.ensure_drive_ready(s.mirror_dir, mount=s.mount_drive)
-        mirror = CheckpointMirror(run, s.mirror_dir, keep_max=s.keep_checkpoint_max, options=s.transfer_options())
-    return CheckpointManager(run.checkpoints, trainer.checkpoint_state(), keep_max=s.keep_checkpoint_max,
-                             mirror=mirror), mirror
+        mirror = CheckpointMirror(run, s.mirror_dir, keep=s.mirror_keep, options=s.transfer_options(),
+                                  max_lag=s.mirror_max_lag, on_failure=s.mirror_failure)
+    manager = CheckpointManager(run.checkpoints, trainer.checkpoint_state(), keep_max=s.keep_checkpoint_max,
+                                mirror=mirror)
+    log.info(check_rooms(run, s, trainer.checkpoint_state().estimated_bytes(), manager.safety_margin))
+    return manager, mirror
 
 
 def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_aside_damaged: bool) -> float:
@@ -214,28 +249,37 @@ def _next_boundary(trainer: Trainer) -> int:
 
 
 def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog, manager: CheckpointManager,
-                 throughput: Throughput, guard: SessionGuard, seconds: float) -> str | None:
+                 throughput: Throughput, guard: SessionGuard, seconds: float, cadence: SaveCadence) -> str | None:
     """Log, evaluate and save as this step calls for; save and return the reason when training must stop."""
     t = trainer.plan.config.train
     total = t.num_train_steps
+    mirror = getattr(manager, "mirror", None)  # the chief's durable copy
+    if mirror is not None:
+        mirror.retry_if_failed()  # a mirror that recovered catches up before the next save
     if step % t.log_every_steps == 0 or step == total:
         scalars.write("train", metrics, step)
         rate = throughput.steps_per_second
         eta = (total - step) / rate if rate else float("nan")
-        log.info("step %d/%d %s, %.2f steps/s, %.1f examples/s, ETA %s", step, total, format_metrics(metrics),
-                 rate, rate * t.train_batch_size, hms(eta))
+        durable = f" ({mirror.note()})" if mirror is not None else ""
+        wait = f", input wait {metrics['input_wait_share']:.0%}" if "input_wait_share" in metrics else ""
+        log.info("step %d/%d%s %s, %.2f steps/s, %.1f examples/s%s, ETA %s", step, total, durable,
+                 format_metrics(metrics), rate, rate * t.train_batch_size, wait, hms(eta))
     if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
         _evaluate(trainer, scalars, step, f"Eval at step {step}")
     stop_reason = guard.should_stop(next_chunk_seconds=seconds)
+    save = cadence.due(trainer, step) or step == total
+    if save and stop_reason is None and mirror is not None and step < total:
+        stop_reason = mirror.check_before_save(step)  # the durable copy is too far behind
     if trainer.any_worker(stop_reason is not None):  # several machines stop together
         stop_reason = stop_reason or "another worker is stopping"
     stopping = stop_reason is not None and step < total
-    if step % t.save_checkpoints_steps == 0 or step == total or stopping:
+    if save or stopping:
         if not trainer.weights_finite():
             raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
                             "steps_per_second": throughput.steps_per_second, "saved_at": time.time(),
                             "lr_schedule": trainer.plan.schedule.record(trainer.plan.planned_schedule)})
+        cadence.saved()
     if not stopping:
         return None
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "

@@ -8,7 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from ..config import Config, TrainConfig
+from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
 from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
@@ -68,6 +68,12 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
             resolved.set(key, value)
     if data.settings.get("no_nsp"):
         resolved.data.no_nsp = True
+    for key, value in data_made_with(config, data).items():
+        chosen = key in config.explicit or (config.data.recipe == "modern" and key in MODERN_RECIPE)
+        said = log.warning if chosen else log.debug  # what the user (or a recipe) asked for, and does not get
+        said("The data in %s was made with %s=%r, not %r: the run trains on it as it is, and records that.",
+             data.data_dir, key, value, config.get(key))
+        resolved.set(key, value, source=f"{data.data_dir}'s manifest")
     if config.data.vocab_file and not os.path.isfile(config.data.vocab_file):
         raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
     if config.data.vocab_file:
@@ -78,6 +84,21 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
                  "choose).", t.num_warmup_steps, t.num_train_steps)
     return resolved
+
+
+def data_made_with(config: Config, data: DataInfo) -> dict:
+    """The settings the data was made with (its manifest's) where the configuration says otherwise: what the run's
+    config.json must record instead, since the data decides them. A run may still leave NSP out of NSP data, and
+    dynamic masking draws its own masks at its own masked_lm_prob."""
+    found = {}
+    for key in pinned_settings(DATA):
+        if key not in data.settings or key in ("max_seq_length", "max_predictions_per_seq"):
+            continue
+        if (key == "no_nsp" and not data.settings[key]) or (key == "masked_lm_prob" and config.train.dynamic_masking):
+            continue
+        if config.get(key) != data.settings[key]:
+            found[key] = data.settings[key]
+    return found
 
 
 def auto_warmup_steps(num_train_steps: int) -> int:

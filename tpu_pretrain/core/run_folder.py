@@ -8,7 +8,8 @@ A run folder (train's ``output_dir``) holds:
   and compared at every later one;
 - ``bert_config.json``: the model's shape; ``vocab.txt``: the vocab it was trained with;
 - ``checkpoints/``: the checkpoints; ``logs/``: TensorBoard scalars and ``example_ids.jsonl``;
-- ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``.
+- ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``;
+- ``mirror.json``: where the durable copy stands, as the training process last saw it (for ``status``).
 
 Starting ``train`` again in the same folder resumes, which is only correct when the model, the vocab,
 the data and the way batches are drawn are unchanged: :meth:`RunFolder.check_can_resume` refuses
@@ -26,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import RUN, Config, all_fields, pinned_settings
+from ..data.vocab import load_vocab
 from ..errors import UserInputError
 from ..storage.local import atomic_open, write_text_atomic
 from .bert_config import BertConfig
@@ -41,6 +43,7 @@ EXAMPLE_IDS = "example_ids.jsonl"
 SUMMARY = "train_summary.json"
 EVALUATION = "evaluation.json"
 PROBE = "probe.json"
+MIRROR_STATE = "mirror.json"
 PLOTS = "plots"
 EXPORT = "export"
 # What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
@@ -103,6 +106,10 @@ class RunFolder:
         return self.path / PROBE
 
     @property
+    def mirror_state_file(self) -> Path:
+        return self.path / MIRROR_STATE
+
+    @property
     def curves_file(self) -> Path:
         return self.path / PLOTS / "curves.png"
 
@@ -118,6 +125,24 @@ class RunFolder:
             return "storage" in json.loads(self.config_file.read_text())
         except json.JSONDecodeError:
             return False
+
+    def holds_a_run(self) -> bool:
+        """Any sign of a training run here (its config, checkpoints or identity), whole or not."""
+        return self.is_run() or self.checkpoints.is_dir() or self.identity_file.is_file()
+
+    def check_not_damaged(self) -> None:
+        """Refuse a folder that holds a run's checkpoints but lost its config.json or bert_config.json, naming the
+        missing file (evaluate and export would otherwise take it for some other kind of folder)."""
+        if self.is_run() or not self.holds_a_run():
+            return
+        missing = [name for name in (CONFIG, BERT_CONFIG) if not (self.path / name).is_file()]
+        what = " and ".join(missing) or f"a readable {CONFIG} (the one there is not a run's)"
+        present = ", ".join(n for n in (f"{CHECKPOINTS}/", IDENTITY) if (self.path / n.rstrip("/")).exists())
+        raise UserInputError(
+            f"{self.path} holds a training run ({present}) but not its {what}. Copy it back from "
+            f"the run's mirror (mirror_dir keeps {CONFIG} and {BERT_CONFIG} beside the checkpoints) or a backup; or "
+            f"run `tpu-pretrain train --output_dir {self.path}` with the settings the run was started with ({IDENTITY} "
+            "records those it pins): it writes them again before it continues.")
 
     def read_config(self) -> Config:
         if not self.config_file.is_file():
@@ -193,7 +218,8 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
 
 
 def trained_vocab_file(run: RunFolder, config: Config) -> str:
-    """The vocab a run trained with: the run's own copy (older runs: the configured file, else the data's)."""
+    """The vocab a run trained with: the run's own copy (older runs: the configured file, else the data's), checked
+    against the model's vocab_size, so that an export never pairs the model with another vocab."""
     candidates = [run.vocab_file]
     if config.data.vocab_file:
         candidates.append(Path(config.data.vocab_file))
@@ -201,5 +227,18 @@ def trained_vocab_file(run: RunFolder, config: Config) -> str:
         candidates.append(Path(config.storage.data_dir) / "vocab.txt")
     for path in candidates:
         if path.is_file():
+            _check_vocab_fits_model(run, path)
             return str(path)
     raise UserInputError(f"No vocab.txt for run {run.path}: looked at {', '.join(map(str, candidates))}.")
+
+
+def _check_vocab_fits_model(run: RunFolder, vocab_file: Path) -> None:
+    if not run.bert_config_file.is_file():
+        return
+    tokens, model = len(load_vocab(vocab_file)), run.read_bert_config().vocab_size
+    if tokens != model:
+        raise UserInputError(
+            f"{vocab_file} has {tokens} tokens but the model of run {run.path} has vocab_size {model}: it is not the "
+            "vocab the model was trained with, and the pair would give wrong words. Put that vocab back (the data "
+            "folder's vocab.txt, or the --vocab_file the run was trained with) as "
+            f"{run.vocab_file}.")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 
-from .. import storage
 from ..formatting import hms
 from .checkpoints import DAMAGED, list_checkpoints, verify
-from .mirror import CheckpointMirror
+from .mirror import CAUSES, CheckpointMirror, mirror_state
 from .run_folder import RunFolder
 
 
@@ -36,14 +35,7 @@ def run_status(run_dir: str | os.PathLike) -> str:
     lines.append(f"step {newest.step} of {total} ({newest.step / total:.1%})")
     lines.append(f"newest checkpoint: {newest.path}")
     if mirror:
-        copy = CheckpointMirror(run, mirror)
-        try:
-            where = storage.join(copy.checkpoints_url, newest.name)
-            lines.append(f"mirror: {where} ({'complete' if copy.holds(newest.name) else 'not there yet'})")
-        except Exception as exc:  # the mirror may be unreachable from here
-            lines.append(f"mirror: {mirror} (cannot be checked: {exc})")
-        finally:
-            copy.close()
+        lines.append(durable_copy(run, mirror, newest.step))
     else:
         lines.append("mirror: none (set mirror_dir to a Drive folder or gs:// URL)")
     seconds = newest.metadata.get("train_seconds", 0.0)
@@ -54,3 +46,32 @@ def run_status(run_dir: str | os.PathLike) -> str:
     elif newest.step >= total:
         lines.append("finished")
     return "\n".join(lines)
+
+
+def durable_copy(run: RunFolder, url: str, local_step: int) -> str:
+    """Where the durable copy stands against the newest local checkpoint, and its last failure if any."""
+    state = mirror_state(run)
+    state = state if state and state.get("url") == url else None
+    copy = CheckpointMirror(run, url)
+    try:
+        durable = copy.complete_steps()
+        newest = durable[-1] if durable else None
+        line = f"durable copy: {url}, " + _lag(run, newest, local_step)
+    except Exception as exc:  # the copy may be unreachable from here: what training last saw of it
+        line = f"durable copy: {url} (cannot be checked from here: {exc})"
+        if state:
+            line += f"; as training last saw it: {_lag(run, state.get('durable_step'), local_step)}"
+    finally:
+        copy.close()
+    if state and state.get("error"):
+        line += f"; its last attempt failed ({CAUSES.get(state.get('cause'), 'see the message')}): {state['error']}"
+    return line
+
+
+def _lag(run: RunFolder, durable: int | None, local_step: int) -> str:
+    newer = [c.step for c in list_checkpoints(run.checkpoints) if durable is None or c.step > durable]
+    if durable is not None and not newer:
+        return f"current (step {durable})"
+    there = f"step {durable}" if durable is not None else "no complete checkpoint yet"
+    return (f"{there}: behind the newest local checkpoint (step {local_step}) by {local_step - (durable or 0)} steps, "
+            f"{len(newer)} checkpoint(s) here")

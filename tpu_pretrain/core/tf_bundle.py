@@ -21,6 +21,7 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
+from ..data.tfrecord import proto_fields, read_varint
 from ..errors import UserInputError
 
 _FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic number
@@ -308,38 +309,19 @@ def _block_items(block: bytes):
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Corrupt("bad varint")
-        byte = buf[pos]
-        result |= (byte & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if byte < 0x80:
-            return result, pos
+    try:
+        return read_varint(buf, pos)
+    except IndexError:
+        raise _Corrupt("bad varint") from None
 
 
 def _fields(buf: bytes):
     """A protobuf message's (field number, value): an int for varint/fixed fields, bytes for length-delimited."""
-    pos = 0
-    while pos < len(buf):
-        tag, pos = _varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire in (1, 5):
-            width = 8 if wire == 1 else 4
-            if pos + width > len(buf):
-                raise _Corrupt("truncated fixed-width field")
-            value, pos = int.from_bytes(buf[pos : pos + width], "little"), pos + width
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            if pos + length > len(buf):
-                raise _Corrupt("truncated length-delimited field")
-            value, pos = buf[pos : pos + length], pos + length
-        else:
-            raise _Corrupt(f"unknown protobuf wire type {wire}")
-        yield number, value
+    try:
+        for number, wire, value in proto_fields(buf):
+            yield number, int.from_bytes(value, "little") if wire in (1, 5) else value
+    except (ValueError, IndexError) as exc:
+        raise _Corrupt(str(exc) or "truncated protobuf message") from None
 
 
 def _signed(value: int) -> int:

@@ -2,8 +2,8 @@
 
 One module for both directions, so an export imports back unchanged: :func:`huggingface_to_google` and
 :func:`google_to_huggingface` are exact inverses. Every backend and the exports use it, so nothing here
-needs TensorFlow, JAX, torch or transformers, except reading a Google TF checkpoint (TensorFlow, imported
-then and without Keras) and ``pytorch_model.bin`` (torch).
+needs TensorFlow, JAX, torch or transformers (Google TF checkpoints are read by :mod:`.tf_bundle`), except
+``pytorch_model.bin`` (torch).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserInputError
+from . import tf_bundle
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 NSP_WEIGHTS = "cls/seq_relationship/output_weights"  # Google stores it [2, hidden]: a Dense kernel transposed
@@ -137,7 +138,8 @@ def huggingface_to_google(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def read_checkpoint_weights(path: str) -> dict[str, np.ndarray]:
-    """Every weight of a checkpoint, by Google BERT variable name."""
+    """Every weight of a checkpoint, by Google BERT variable name (a Google TF checkpoint read with NumPy alone,
+    :mod:`.tf_bundle`, so a runtime without TensorFlow continues pretraining from Google's releases)."""
     p = Path(path)
     if p.is_dir() and any((p / n).is_file() for n in ("model.safetensors", "pytorch_model.bin")):
         return huggingface_to_google(read_hf_folder(p))
@@ -148,25 +150,11 @@ def read_checkpoint_weights(path: str) -> dict[str, np.ndarray]:
             ".index and .data files, or a folder holding one) nor a Hugging Face folder with "
             "model.safetensors."
         )
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(prefix)
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.endswith(("adam_m", "adam_v")) and name != "global_step"}
+    names = [name for name in tf_bundle.list_tensors(prefix) if name != "global_step"
+             and not name.endswith(("adam_m", "adam_v")) and not name.startswith("_CHECKPOINTABLE")]
+    return tf_bundle.read_tensors(prefix, names)
 
 
 def tf_checkpoint_prefix(p: Path) -> str | None:
     """The prefix of a TF checkpoint at ``p`` (a prefix, its .index file, or a folder holding one), or None."""
-    if p.is_dir():
-        import tensorflow as tf
-
-        latest = tf.train.latest_checkpoint(str(p))
-        if latest:
-            return latest
-        indexes = sorted(p.glob("*.index"))
-        return str(indexes[0])[: -len(".index")] if indexes else None
-    if Path(str(p) + ".index").is_file():
-        return str(p)
-    if p.suffix == ".index" and p.is_file():
-        return str(p)[: -len(".index")]
-    return None
+    return tf_bundle.find_bundle_prefix(p)

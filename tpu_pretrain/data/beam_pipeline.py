@@ -57,7 +57,7 @@ def run_beam(config: Config) -> Manifest:
     plan = plan_data(config)
     plan.out = out
     if not is_gcs_url(out):
-        check_existing(Path(out), plan.identity)
+        check_existing(Path(out), plan.identity, config.data.vocab_file)
         Path(out).mkdir(parents=True, exist_ok=True)
         write_json(Path(out) / IDENTITY, plan.identity)
     beam = import_beam()

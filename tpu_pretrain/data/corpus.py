@@ -59,6 +59,7 @@ class CorpusStats:
     undecodable_lines: int = 0
     too_long_lines: int = 0
     duplicate_lines: int = 0
+    max_line_length: int = 0  # the limit over-long lines broke (named in the report)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def note(self, kind: str, where: str) -> None:
@@ -74,7 +75,8 @@ class CorpusStats:
         for label, count, kind in (
             ("lines with undecodable bytes (bad bytes dropped; is --encoding right?)", self.undecodable_lines,
              "undecodable"),
-            ("over-long lines dropped", self.too_long_lines, "too_long"),
+            (f"over-long lines dropped (over max_line_length={self.max_line_length} characters; raise "
+             "--max_line_length to keep them)", self.too_long_lines, "too_long"),
             ("duplicate lines dropped", self.duplicate_lines, "duplicate"),
         ):
             if count:
@@ -191,7 +193,7 @@ class CorpusReader:
             check_text_file(path, config.encoding)
         self.config = config
         self.normalize = TextNormalizer(config, do_lower_case)
-        self.stats = CorpusStats()
+        self.stats = CorpusStats(max_line_length=self.config.max_line_length)
         self._seen: set[int] | None = set() if config.dedupe_lines else None
 
     def lines(self) -> Iterator[str | None]:

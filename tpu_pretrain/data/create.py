@@ -10,7 +10,9 @@ Two passes keep memory bounded whatever the corpus size:
 
 A shard depends only on its documents, the seed and its index, so the output is byte-identical
 whatever the number of workers. A re-run skips complete shards (checked against their checksums)
-and redoes partial ones; an output folder made with other settings is refused, naming them.
+and redoes partial ones; an output folder made with other settings is refused, naming them. The corpus
+counts by content (each file's size and sha256, not its path): a file edited in place is other data, the
+same file named by another path is not.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from tqdm.auto import tqdm
 from ..config import DATA, Config, pinned_settings
 from ..config_checks import max_predictions
 from ..errors import UserInputError
+from ..runtime import sigterm_as_interrupt
 from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
-from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats
+from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats, sha256_file
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
 from .vocab import load_vocab, vocab_sha256
 
@@ -77,7 +80,8 @@ def plan_data(config: Config) -> DataPlan:
     vocab = load_vocab(d.vocab_file)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
-    inputs = [{"path": p, "bytes": os.path.getsize(p)} for p in reader.files]
+    inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256": sha256_file(p)}
+              for p in reader.files]
     if d.num_shards == 0:
         settings["num_shards"] = auto_num_shards(sum(i["bytes"] for i in inputs))
     settings["max_predictions_per_seq"] = max_predictions(d.max_seq_length, d.max_predictions_per_seq,
@@ -93,7 +97,8 @@ def create_pretraining_data(config: Config) -> Manifest:
     out = check_writable_folder(config.storage.output_dir)
     plan = plan_data(config)
     try:
-        return _create(plan, out)
+        with sigterm_as_interrupt():
+            return _create(plan, out)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -105,10 +110,10 @@ def create_pretraining_data(config: Config) -> Manifest:
 
 def _create(plan: DataPlan, out: Path) -> Manifest:
     start = time.time()
-    check_existing(out, plan.identity)
+    check_existing(out, plan.identity, plan.config.data.vocab_file)
     work = out / WORK_DIR
     partition = read_json(work / "partition.json")
-    if partition is None or partition["identity"] != plan.identity:
+    if partition is None or identity_differences(partition["identity"], plan.identity):
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / IDENTITY, plan.identity)
         partition = _partition(plan.reader, work, plan.settings, plan.identity)
@@ -170,6 +175,8 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int) -> dict[str, 
     return shards
 
 
+
+
 @contextlib.contextmanager
 def _ctrl_c_ignored():
     """SIGINT ignored while worker processes start (they keep that; this process handles Ctrl-C and stops them)."""
@@ -188,8 +195,9 @@ def auto_num_shards(corpus_bytes: int) -> int:
     return max(1, min(8, math.ceil(corpus_bytes / (256 << 10))), math.ceil(corpus_bytes / SHARD_TARGET_BYTES))
 
 
-def check_existing(out: Path, identity: dict) -> None:
-    """Refuse an output folder holding shards made from other settings, naming the differences."""
+def check_existing(out: Path, identity: dict, vocab_file: str = "") -> None:
+    """Refuse an output folder holding shards made from other settings (naming the differences), or a vocab.txt
+    other than ``vocab_file``, which the finished data would replace."""
     previous = read_json(out / IDENTITY)
     if previous is None:
         manifest = read_json(out / MANIFEST)
@@ -201,21 +209,48 @@ def check_existing(out: Path, identity: dict) -> None:
                 f"Output folder '{out}' holds .tfrecord files but no {MANIFEST}: they were not made by this tool "
                 "or by these settings. Use an empty --output_dir."
             )
-    if previous is None or previous == identity:
-        return
-    differences = []
-    for key, value in identity["settings"].items():
-        old = (previous.get("settings") or {}).get(key)
-        if old != value:
-            differences.append(f"{key}: {old!r} there, {value!r} now")
+    differences = identity_differences(previous, identity) if previous is not None else []
+    if differences:
+        raise UserInputError(
+            f"Output folder '{out}' holds shards made with other settings ({'; '.join(differences)}). "
+            "Use a new --output_dir, or delete that folder to rebuild it; nothing there was changed."
+        )
+    there = out / VOCAB
+    if vocab_file and there.is_file() and there.resolve() != Path(vocab_file).resolve() \
+            and there.read_bytes() != Path(vocab_file).read_bytes():
+        raise UserInputError(
+            f"{there} exists and is not the --vocab_file {vocab_file}: the data folder keeps the vocab its data is "
+            f"made with, so it would be replaced. Make the data with it (--vocab_file {there}), or use another "
+            "--output_dir; nothing there was changed.")
+
+
+def identity_differences(previous: dict, identity: dict) -> list[str]:
+    """What differs between two data identities: settings, vocab, format and the corpus by content."""
+    differences = [f"{key}: {(previous.get('settings') or {}).get(key)!r} there, {value!r} now"
+                   for key, value in identity["settings"].items()
+                   if (previous.get("settings") or {}).get(key) != value]
     if previous.get("vocab_sha256") != identity["vocab_sha256"]:
         differences.append("vocab_file: a different vocab")
-    if previous.get("inputs") != identity["inputs"]:
-        differences.append("input: different corpus files or sizes")
-    raise UserInputError(
-        f"Output folder '{out}' holds shards made with other settings ({'; '.join(differences) or 'format'}). "
-        "Use a new --output_dir, or delete that folder to rebuild it; nothing there was changed."
-    )
+    differences += _input_differences(previous.get("inputs") or [], identity["inputs"])
+    if previous.get("format") != identity["format"]:
+        differences.append(f"format: {previous.get('format')!r} there, {identity['format']!r} now")
+    return differences
+
+
+def _input_differences(old: list[dict], new: list[dict]) -> list[str]:
+    """The corpus compared by content: size and sha256 (folders from before sha256 was recorded: path and size)."""
+    if len(old) != len(new):
+        return [f"input: {len(old)} corpus file(s) there, {len(new)} now"]
+    found = []
+    for before, now in zip(old, new, strict=True):
+        if before.get("sha256") and now.get("sha256"):
+            same = before["sha256"] == now["sha256"] and before["bytes"] == now["bytes"]
+        else:
+            same = os.path.abspath(before["path"]) == os.path.abspath(now["path"]) and before["bytes"] == now["bytes"]
+        if not same:
+            found.append(f"input: {now['path']} ({now['bytes']} bytes) has other content than {before['path']} "
+                         f"({before['bytes']} bytes) had")
+    return found
 
 
 class Dealer:

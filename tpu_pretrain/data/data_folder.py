@@ -209,6 +209,7 @@ def read_data_info(data_dir: str) -> DataInfo:
     if manifest is not None:
         info = _info_from_manifest(data_dir, manifest)
     else:
+        check_not_unfinished(data_dir)
         info = DataInfo(data_dir, sorted(glob.glob(os.path.join(data_dir, "train-*.tfrecord"))),
                         sorted(glob.glob(os.path.join(data_dir, "eval-*.tfrecord"))), 0, 0)
     if not info.train_files:
@@ -230,11 +231,34 @@ def _info_from_manifest(data_dir: str, manifest: Manifest) -> DataInfo:
     if resized:
         raise UserInputError(f"Shards in {data_dir} are truncated or were replaced: {'; '.join(resized[:3])}. Copy "
                              "the data folder again, or run create-data again (it rewrites what does not match).")
+    vocab = os.path.join(data_dir, VOCAB)
+    if manifest.vocab_sha256 and os.path.isfile(vocab) and sha256_file(vocab) != manifest.vocab_sha256:
+        raise UserInputError(
+            f"{vocab} is not the vocab the data in {data_dir} was made with (its sha256 differs from the one "
+            f"{MANIFEST} records): its token ids would mean other words. Put back the vocab.txt given to create-data "
+            "(--vocab_file), or run create-data again with this one.")
     settings = manifest.settings
     return DataInfo(data_dir, train, evals, int(settings.get("max_seq_length") or 0),
                     int(settings.get("max_predictions_per_seq") or 0), manifest.vocab_size, manifest.vocab_sha256,
                     manifest.totals(TRAIN)["instances"], manifest.totals(EVAL)["instances"], settings,
                     [s.sha256 for s in manifest.shards if s.split == TRAIN])
+
+
+def check_not_unfinished(data_dir: str | os.PathLike) -> None:
+    """Refuse a folder whose create-data stopped before its manifest: its shards are part of the corpus only."""
+    folder = Path(data_dir)
+    if not (folder / IDENTITY).is_file() and not (folder / WORK_DIR).is_dir():
+        return
+    done = len(list(folder.glob(shard_stats_name("*-of-*.tfrecord"))))
+    try:
+        total = sum(json.loads((folder / WORK_DIR / "partition.json").read_text())["shard_counts"].values())
+        count = f"{done} of {total} shards are complete"
+    except (OSError, ValueError, KeyError, AttributeError):
+        count = f"{done} shard(s) are complete"
+    raise UserInputError(
+        f"The data in {data_dir} is unfinished: create-data stopped before it wrote {MANIFEST} ({count}). Run the "
+        "same create-data command again (same --input, --vocab_file, --output_dir and settings) to finish it: the "
+        "complete shards are kept. Training on part of the shards would train on part of the corpus.")
 
 
 def damaged_shards(data_dir: str | os.PathLike) -> list[str]:

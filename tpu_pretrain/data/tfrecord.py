@@ -95,7 +95,8 @@ def encode_examples(batch: dict[str, np.ndarray]) -> list[bytes]:
     return examples
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """``(value, position after it)``; an ``IndexError`` when ``data`` ends inside it."""
     value = shift = 0
     while True:
         byte = data[pos]
@@ -107,15 +108,16 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def proto_fields(data: bytes):
-    """(field number, wire type, value) of a protobuf message: varints as ints, length-delimited as bytes."""
+    """(field number, wire type, value) of a protobuf message: varints as ints, length-delimited and fixed-width
+    fields as bytes; a ``ValueError`` (or ``IndexError`` inside a varint) when the message is cut short."""
     pos = 0
     while pos < len(data):
-        key, pos = _read_varint(data, pos)
+        key, pos = read_varint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            value, pos = _read_varint(data, pos)
+            value, pos = read_varint(data, pos)
         elif wire == 2:
-            length, pos = _read_varint(data, pos)
+            length, pos = read_varint(data, pos)
             value, pos = data[pos:pos + length], pos + length
         elif wire == 5:
             value, pos = data[pos:pos + 4], pos + 4
@@ -123,6 +125,8 @@ def proto_fields(data: bytes):
             value, pos = data[pos:pos + 8], pos + 8
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > len(data):
+            raise ValueError(f"protobuf field {number} runs past the end of its message")
         yield number, wire, value
 
 
@@ -138,7 +142,7 @@ def _values(feature: bytes) -> np.ndarray:
             elif wire == 2:  # packed Int64List
                 pos = 0
                 while pos < len(item):
-                    number, pos = _read_varint(item, pos)
+                    number, pos = read_varint(item, pos)
                     values.append(number - (1 << 64) if number >= 1 << 63 else number)
             else:
                 values.append(item - (1 << 64) if item >= 1 << 63 else item)
@@ -263,24 +267,24 @@ def _locate_features(record: bytes) -> dict[bytes, tuple[int, int, int]] | None:
     out, pos = {}, 0
     if not record or record[0] != 0x0A:
         return None
-    length, pos = _read_varint(record, 1)
+    length, pos = read_varint(record, 1)
     end = pos + length
     while pos < end:
         if record[pos] != 0x0A:
             return None
-        entry_length, pos = _read_varint(record, pos + 1)
+        entry_length, pos = read_varint(record, pos + 1)
         entry_end = pos + entry_length
         if record[pos] != 0x0A:
             return None
-        key_length, pos = _read_varint(record, pos + 1)
+        key_length, pos = read_varint(record, pos + 1)
         key, pos = record[pos:pos + key_length], pos + key_length
         if pos >= entry_end or record[pos] != 0x12:
             return None
-        _, pos = _read_varint(record, pos + 1)  # the Feature's length
+        _, pos = read_varint(record, pos + 1)  # the Feature's length
         tag = record[pos]
-        _, pos = _read_varint(record, pos + 1)  # the value list's length
+        _, pos = read_varint(record, pos + 1)  # the value list's length
         if pos < entry_end and record[pos] == 0x0A:  # packed values
-            payload_length, pos = _read_varint(record, pos + 1)
+            payload_length, pos = read_varint(record, pos + 1)
             out[key] = (tag, pos, pos + payload_length)
         elif pos == entry_end:  # an empty list
             out[key] = (tag, pos, pos)

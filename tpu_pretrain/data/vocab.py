@@ -117,7 +117,8 @@ def build_vocab(config, overwrite: bool = False) -> VocabResult:
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     sample = reader.sample_lines(v.vocab_sample_lines, d.random_seed)
     if not sample:
-        raise UserInputError(f"The corpus ({', '.join(reader.files[:3])}) has no usable line to build a vocab from.")
+        raise UserInputError(f"The corpus ({', '.join(reader.files[:3])}) has no usable line to build a vocab from: "
+                             f"{reader.stats.report()}.")
     words_per_line = pretokenize(sample, d.do_lower_case)
     tokens, n_chars, n_pieces = wordpiece_tokens(words_per_line, v.vocab_size, v.num_unused_tokens,
                                                  v.sentencepiece_model_type, d.random_seed)

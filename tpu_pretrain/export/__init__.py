@@ -1,6 +1,7 @@
 """Using a trained model: rebuild it, evaluate it, fill masks, export it, draw its curves.
 
-- ``rebuild``: a run's (or a released checkpoint's) model with its vocab and casing.
+- ``rebuild``: a run's (or a released checkpoint's) model with its vocab and casing, on the backend that trained
+  the run (:class:`..core.inference.InferenceModel`), and a run's weights by Google name.
 - ``evaluate``: held-out MLM/NSP figures and ``evaluation.json``.
 - ``fill_mask``: whole-word fill-mask predictions for sentences with ``[MASK]`` slots.
 - ``writers``: the Hugging Face folder and Google's original TF checkpoint.
@@ -9,7 +10,7 @@
 """
 
 # The export formats, the heads a Hugging Face export may carry and the probe's modes (here, so the CLI can
-# offer them without importing TensorFlow).
+# offer them without importing either backend).
 FORMATS = ("hf", "tf")
 HEADS = ("all", "mlm", "encoder")
 PROBE_MODES = ("features", "finetune")

@@ -3,7 +3,8 @@
 ``evaluate(RUN)`` restores the newest (or a chosen) checkpoint, computes MLM loss, accuracy and
 perplexity and NSP accuracy over the eval shards with the same formulas as training's periodic eval,
 fills ``[MASK]`` slots in sentences the user gives (top k, with probabilities, whole words shown),
-and writes it all to ``RUN/evaluation.json``.
+and writes it all to ``RUN/evaluation.json``. The model is the backend's that trained the run
+(:mod:`.rebuild`); the eval records are read with NumPy, the same batches for either backend.
 """
 
 from __future__ import annotations
@@ -16,18 +17,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..core.metrics import add_sums, metrics_from_sums
 from ..core.run_folder import EVALUATION, RunFolder
-from ..data.data_folder import read_data_info
-from ..environment import import_tensorflow
+from ..data.data_folder import feature_shapes, read_data_info
+from ..data.tfrecord import decode_examples, read_records
 from ..errors import UserInputError
 from ..storage.local import check_writable_folder, write_text_atomic
-from ..tf_backend.input import parse_batch
-from ..tf_backend.stats import pretraining_stats
 from .fill_mask import fill_mask, format_fill_mask
 from .rebuild import TrainedModel, load_trained_model
-
-tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
 log = logging.getLogger(__name__)
 
@@ -65,23 +64,37 @@ class EvalResult:
 
 
 # -- held-out figures -------------------------------------------------------------------------------
+def eval_batches(files: list[str], batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
+                 max_batches: int | None = None):
+    """The records of ``files`` (in name order) in batches of ``batch_size``, the last one shorter, at most
+    ``max_batches``: int32 features (``next_sentence_labels`` a vector), as both backends' models take them."""
+    shapes = feature_shapes(max_seq_length, max_predictions_per_seq)
+
+    def batch(records):
+        features = decode_examples(records, shapes)
+        out = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in features.items()}
+        out["next_sentence_labels"] = out["next_sentence_labels"].reshape(-1)
+        return out
+
+    pending, made = [], 0
+    for path in sorted(files):
+        for record in read_records(path):
+            pending.append(record)
+            if len(pending) == batch_size:
+                yield batch(pending)
+                pending, made = [], made + 1
+                if max_batches and made >= max_batches:
+                    return
+    if pending:
+        yield batch(pending)
+
+
 def eval_sums(trained: TrainedModel, files: list[str], batch_size: int, max_batches: int | None) -> dict:
     """Summed MLM/NSP statistics over the records of ``files`` (every record, last batch included)."""
-    model, with_nsp = trained.pretraining.model, trained.pretraining.with_nsp
-    seq, pred = trained.max_seq_length, trained.max_predictions_per_seq
-    ds = tf.data.TFRecordDataset(sorted(files)).batch(batch_size)
-    if max_batches:
-        ds = ds.take(max_batches)
-    ds = ds.map(lambda s: parse_batch(s, seq, pred), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
-
-    @tf.function
-    def step(batch):
-        outputs = model([batch["input_ids"], batch["segment_ids"], batch["masked_lm_positions"]], training=False)
-        return pretraining_stats(outputs, batch, with_nsp)
-
     totals: dict = {}
-    for batch in ds:
-        totals = add_sums(totals, step(batch))
+    for batch in eval_batches(files, batch_size, trained.max_seq_length, trained.max_predictions_per_seq,
+                              max_batches):
+        totals = add_sums(totals, trained.model.batch_stats(batch))
     return totals
 
 
@@ -108,18 +121,20 @@ def held_out_metrics(trained: TrainedModel, data_dir: str, batch_size: int | Non
 # -- the whole evaluation -------------------------------------------------------------------------------
 def evaluate(run_dir: str | os.PathLike, checkpoint: str | None = None, *, sentences=(), top_k: int = 5,
              data_dir: str | None = None, max_eval_steps: int | None = None, eval_batch_size: int | None = None,
-             output: str | os.PathLike | None = None, trained: TrainedModel | None = None) -> EvalResult:
+             output: str | os.PathLike | None = None, trained: TrainedModel | None = None,
+             backend: str | None = None) -> EvalResult:
     """Evaluate a run's newest (or the given) weights on its eval shards; fill masks; write evaluation.json.
 
     ``data_dir``, ``max_eval_steps`` and ``eval_batch_size`` default to the run's configuration;
     ``max_eval_steps=0`` reads every eval record. A run brought to a new runtime without its data
-    folder still gets its fill-mask predictions (the figures are skipped, saying so).
+    folder still gets its fill-mask predictions (the figures are skipped, saying so). ``backend``
+    overrides the backend that trained the run (:func:`.rebuild.inference_backend`).
     """
     started = time.perf_counter()
     if output is not None:  # checked before the slow work; a folder gets evaluation.json inside
         output = Path(output) / EVALUATION if Path(output).is_dir() else Path(output)
         check_writable_folder(output.parent, "--output")
-    trained = trained or load_trained_model(run_dir, checkpoint)
+    trained = trained or load_trained_model(run_dir, checkpoint, backend=backend)
     configured = trained.config.storage.data_dir if trained.config else None
     data_dir = data_dir or configured
     metrics, examples = None, 0

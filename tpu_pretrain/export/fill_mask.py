@@ -115,13 +115,12 @@ def fill_mask(trained: TrainedModel, sentences, top_k: int = 5) -> list[dict]:
         logits, nsp = [], None
         for chunk in range(0, max(len(positions), 1), pred):
             part = positions[chunk:chunk + pred]
-            outputs = trained.pretraining.model([np.array([ids + [0] * pad], np.int32),
-                                                 np.array([segments + [0] * pad], np.int32),
-                                                 np.array([part + [0] * (pred - len(part))], np.int32)])
-            outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
-            logits.append(outputs[0].numpy()[0, :len(part)])
+            outputs = trained.model.outputs(np.array([ids + [0] * pad], np.int32),
+                                            np.array([segments + [0] * pad], np.int32),
+                                            np.array([part + [0] * (pred - len(part))], np.int32))
+            logits.append(outputs[0][0, :len(part)])
             if len(outputs) > 1:
-                nsp = _softmax(outputs[1].numpy()[0].astype(np.float64))
+                nsp = _softmax(outputs[1][0].astype(np.float64))
         probs = _softmax(np.concatenate(logits).astype(np.float64)) if positions else np.zeros((0, len(inv_vocab)))
         item = {"text": text, "tokens": tokenizer.convert_ids_to_tokens(ids), "masks": []}
         offset, filled, shift = 0, text, 0

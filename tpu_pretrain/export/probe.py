@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.inference import InferenceModel
 from ..data.tokenization import load_tokenizer
-from ..environment import import_tensorflow
 from ..errors import UserInputError
 from ..storage.local import write_text_atomic
 from . import PROBE_MODES
-from .rebuild import TrainedModel, load_trained_model, untrained_copy
-
-tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
+from .rebuild import load_trained_model, untrained_copy
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +121,15 @@ def encode_texts(tokenizer, texts: list[str], max_seq_length: int) -> tuple[np.n
 
 
 # -- the two ways of probing -------------------------------------------------------------------------------
-def pooled_features(encoder, ids: np.ndarray, segments: np.ndarray, batch_size: int = 64) -> np.ndarray:
-    """Mean of the last hidden states over each text's tokens ([CLS] and [SEP] included, padding not)."""
+def pooled_features(model: InferenceModel, ids: np.ndarray, segments: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """Mean of the last hidden states over each text's tokens ([CLS] and [SEP] included, padding not); the
+    hidden states of ``batch_size`` texts at a time are held, not the whole task's."""
     out = []
     for start in range(0, len(ids), batch_size):
-        hidden = encoder.predict_on_batch([ids[start:start + batch_size], segments[start:start + batch_size]])
-        mask = (ids[start:start + batch_size] > 0)[..., None].astype(np.float32)
-        out.append((np.asarray(hidden) * mask).sum(1) / mask.sum(1))
+        part = slice(start, start + batch_size)
+        hidden = model.hidden_states(ids[part], segments[part])
+        mask = (ids[part] > 0)[..., None].astype(np.float32)
+        out.append((hidden * mask).sum(1) / mask.sum(1))
     return np.concatenate(out).astype(np.float64)
 
 
@@ -154,44 +154,22 @@ def ridge_accuracy(train_x, train_y, test_x, test_y, num_labels: int, seed: int)
     return accuracy(solve(train_x, train_y, best), test_x, test_y)
 
 
-def finetune_accuracy(trained: TrainedModel, train, test, num_labels: int, epochs: int, learning_rate: float,
-                      seed: int, batch_size: int = 16) -> float:
-    """Fine-tune the encoder with a linear head on its mean-pooled states; accuracy on the held-out part.
-
-    Mean pooling rather than [CLS]: an MLM-only model (the modern recipe) never trains its [CLS] state.
-    """
-    tf.keras.utils.set_random_seed(seed)
-    encoder = trained.pretraining.encoder
-    ids_in = tf.keras.Input((trained.max_seq_length,), dtype="int32")
-    seg_in = tf.keras.Input((trained.max_seq_length,), dtype="int32")
-
-    def mean_pool(inputs):
-        hidden, ids = inputs
-        mask = tf.cast(ids > 0, hidden.dtype)[..., None]
-        return tf.reduce_sum(hidden * mask, axis=1) / tf.reduce_sum(mask, axis=1)
-
-    pooled = tf.keras.layers.Lambda(mean_pool)([encoder([ids_in, seg_in]), ids_in])
-    logits = tf.keras.layers.Dense(num_labels, kernel_initializer=tf.keras.initializers.TruncatedNormal(
-        stddev=0.02, seed=seed))(pooled)
-    model = tf.keras.Model([ids_in, seg_in], logits)
-    model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    (train_ids, train_seg, train_y), (test_ids, test_seg, test_y) = train, test
-    model.fit([train_ids, train_seg], train_y, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
-    return float(model.evaluate([test_ids, test_seg], test_y, batch_size=64, verbose=0)[1])
-
-
 # -- the probe -----------------------------------------------------------------------------------------------
 def probe(run_dir: str | os.PathLike, task_file: str | os.PathLike, checkpoint: str | None = None, *,
           mode: str = "features", max_seq_length: int = 64, test_fraction: float = 0.2, seed: int = 0,
-          epochs: int = 5, learning_rate: float = 5e-4, output: str | os.PathLike | None = None) -> ProbeResult:
-    """Held-out accuracy on ``task_file`` of the run's encoder and of the same shape from random weights."""
+          epochs: int = 5, learning_rate: float = 5e-4, output: str | os.PathLike | None = None,
+          backend: str | None = None) -> ProbeResult:
+    """Held-out accuracy on ``task_file`` of the run's encoder and of the same shape from random weights.
+
+    ``finetune`` trains the encoder with a linear head on its mean-pooled states (mean pooling rather than
+    [CLS]: an MLM-only model, the modern recipe, never trains its [CLS] state), in the run's backend.
+    """
     if mode not in PROBE_MODES:
         raise UserInputError(f"Probe mode {mode!r} is unknown; use one of {', '.join(PROBE_MODES)}.")
     if not 0 < test_fraction < 1:
         raise UserInputError(f"test_fraction={test_fraction} must be in (0, 1), e.g. 0.2.")
     texts, labels = read_task(task_file)
-    trained = load_trained_model(run_dir, checkpoint, max_seq_length=max_seq_length)
+    trained = load_trained_model(run_dir, checkpoint, max_seq_length=max_seq_length, backend=backend)
     names = sorted(set(labels))
     y = np.asarray([names.index(label) for label in labels])
     ids, segments = encode_texts(load_tokenizer(trained.vocab_file, trained.do_lower_case), texts,
@@ -201,12 +179,12 @@ def probe(run_dir: str | os.PathLike, task_file: str | os.PathLike, checkpoint: 
     for model in (trained, untrained_copy(trained, seed)):
         started = time.perf_counter()
         if mode == "features":
-            features = pooled_features(model.pretraining.encoder, ids, segments)
+            features = pooled_features(model.model, ids, segments)
             accuracies.append(ridge_accuracy(features[train], y[train], features[test], y[test], len(names), seed))
         else:
-            accuracies.append(finetune_accuracy(model, (ids[train], segments[train], y[train]),
-                                                (ids[test], segments[test], y[test]), len(names), epochs,
-                                                learning_rate, seed))
+            accuracies.append(model.model.finetune_accuracy((ids[train], segments[train], y[train]),
+                                                            (ids[test], segments[test], y[test]), len(names), epochs,
+                                                            learning_rate, seed, batch_size=16))
         seconds.append(time.perf_counter() - started)
     majority = Counter(y[train].tolist()).most_common(1)[0][0]
     result = ProbeResult(str(task_file), mode, names, len(train), len(test), float(np.mean(y[test] == majority)),

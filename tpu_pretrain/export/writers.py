@@ -1,10 +1,10 @@
 """Export a trained model for use elsewhere: a Hugging Face folder, or Google's original TF checkpoint.
 
-Both formats start from one dict of weights under Google's BERT names (bert4keras's
-``variable_mapping`` for a TensorFlow model, the ``state.npz`` names for a JAX run); the renaming both
-ways lives in :mod:`..core.weight_names`, so an export imports back unchanged and is the same whichever
-backend trained the model. Neither writer needs torch, transformers or a TF1 session; the Hugging Face
-export of a JAX run needs no TensorFlow at all.
+Both formats start from one dict of weights under Google's BERT names, asked of :mod:`.rebuild` whichever
+backend trained the run (a JAX run's are read with NumPy; a TensorFlow run's are mapped by its model);
+the renaming both ways lives in :mod:`..core.weight_names`, so an export imports back unchanged and is the
+same whichever backend trained the model. Neither writer needs torch, transformers or a TF1 session; the
+Hugging Face export of a JAX run needs neither TensorFlow nor JAX.
 """
 
 from __future__ import annotations
@@ -12,25 +12,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.bert_config import BertConfig
-from ..core.checkpoints import find_checkpoint
-from ..core.run_folder import RunFolder, trained_vocab_file
+from ..core.inference import InferenceModel
+from ..core.run_folder import RunFolder
 from ..core.weight_names import google_to_huggingface, write_safetensors
 from ..data.tokenization import load_tokenizer
 from ..environment import import_tensorflow
 from ..errors import UserInputError
-from ..jax_backend.state import is_jax_checkpoint, read_weights
+from ..storage.local import new_temp_folder
 from . import FORMATS, HEADS
-
-if TYPE_CHECKING:  # the TensorFlow model; a JAX run exports without TensorFlow
-    from ..tf_backend.model import PretrainingModel
-    from .rebuild import TrainedModel
+from .rebuild import TrainedModel, load_trained_model, run_google_weights
 
 
 # -- Hugging Face folder ----------------------------------------------------------------------------
@@ -81,13 +76,10 @@ def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, mo
     (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
 
 
-def export_huggingface(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
+def export_huggingface(model: InferenceModel, output_dir: str | os.PathLike, vocab_file: str,
                        do_lower_case: bool = True, heads: str = "all", skip=()) -> Path:
-    """A Hugging Face folder of a TensorFlow model (see :func:`write_huggingface`)."""
-    from ..tf_backend.weights import google_weights
-
-    return write_huggingface(google_weights(pretraining, skip), pretraining.config, output_dir, vocab_file,
-                             do_lower_case, heads)
+    """A Hugging Face folder of a built model of either backend (see :func:`write_huggingface`)."""
+    return write_huggingface(model.google_weights(skip), model.config, output_dir, vocab_file, do_lower_case, heads)
 
 
 def write_huggingface(google: dict[str, np.ndarray], config: BertConfig, output_dir: str | os.PathLike,
@@ -138,14 +130,6 @@ def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
         f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
 
 
-def export_tf_checkpoint(pretraining: PretrainingModel, output_dir: str | os.PathLike, vocab_file: str,
-                         skip=()) -> Path:
-    """``bert_model.ckpt``, ``bert_config.json`` and ``vocab.txt`` as in Google's BERT releases."""
-    from ..tf_backend.weights import google_weights
-
-    return write_google_checkpoint(google_weights(pretraining, skip), pretraining.config, output_dir, vocab_file)
-
-
 def write_google_checkpoint(weights: dict[str, np.ndarray], config: BertConfig, output_dir: str | os.PathLike,
                             vocab_file: str) -> Path:
     """Google-named weights as ``bert_model.ckpt`` (written with TensorFlow), ``bert_config.json``, ``vocab.txt``."""
@@ -194,13 +178,13 @@ def _write_folder(output_dir: str | os.PathLike, write, format: str) -> Path:
     earlier export (every file listed in its record) is ever replaced."""
     out = check_export_destination(output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = new_temp_folder(out)  # a killed export's leftovers go first
     try:
         write(tmp)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         (tmp / EXPORT_RECORD).write_text(json.dumps({"format": format, "files": files}, indent=2) + "\n")
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            old = new_temp_folder(out)
             os.replace(out, old)  # onto an empty folder of our own
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -213,54 +197,33 @@ def _write_folder(output_dir: str | os.PathLike, write, format: str) -> Path:
 
 # -- runs ----------------------------------------------------------------------------------------------
 def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.PathLike | None = None,
-           checkpoint: str | None = None, heads: str = "all", trained: TrainedModel | None = None) -> Path:
+           checkpoint: str | None = None, heads: str = "all", trained: TrainedModel | None = None,
+           backend: str | None = None) -> Path:
     """Export a run (newest or chosen weights) or convert a Google/HF checkpoint: ``export(RUN, "hf")``.
 
     The default destination is ``RUN/export/hf`` or ``RUN/export/tf``; a checkpoint that is not a run
-    needs ``output_dir``.
+    needs ``output_dir``. A run's weights are read by Google name (no model is built, except the TensorFlow
+    one that maps a TensorFlow checkpoint's names); a released checkpoint is loaded into a model of
+    ``backend`` (default: one installed) so that what the model does not take is left out.
     """
     if format not in FORMATS:
         raise UserInputError(f"format={format!r}: choose hf (Hugging Face) or tf (Google's original checkpoint).")
     if not os.path.exists(source) and not os.path.isfile(f"{source}.index"):
         raise UserInputError(f"{source} does not exist: give a run folder (train's output_dir), a Hugging Face "
                              "folder or a Google checkpoint prefix.")
+    run = RunFolder(source)
+    run.check_not_damaged()
     if output_dir is None:
-        if not RunFolder(source).is_run():
+        if not run.is_run():
             raise UserInputError(f"{source} is not a run folder: say where the export goes (--output).")
-        output_dir = RunFolder(source).export_dir(format)
+        output_dir = run.export_dir(format)
     check_export_destination(output_dir)  # before the slow work
-    jax_weights = None if trained else jax_run_checkpoint(source, checkpoint)
-    if jax_weights is not None:
-        return _export_jax_run(source, jax_weights, format, output_dir, heads)
-    from .rebuild import load_trained_model
-
-    trained = trained or load_trained_model(source, checkpoint)
-    if format == "hf":
-        return export_huggingface(trained.pretraining, output_dir, trained.vocab_file, trained.do_lower_case, heads,
-                                  skip=trained.untrained)
-    return export_tf_checkpoint(trained.pretraining, output_dir, trained.vocab_file, skip=trained.untrained)
-
-
-def jax_run_checkpoint(source: str | os.PathLike, checkpoint: str | None = None) -> Path | None:
-    """The JAX checkpoint folder to export when ``source`` is a run trained by the JAX backend, else None."""
-    run = RunFolder(source)
-    if not run.is_run():
-        return None
-    if checkpoint and not str(checkpoint).isdigit():
-        folder = Path(checkpoint)
-        folder = folder if folder.is_dir() else folder.parent
-    elif run.checkpoints.is_dir():
-        folder = Path(find_checkpoint(run.checkpoints, int(checkpoint) if checkpoint else None).path)
+    if trained is None and run.is_run():
+        weights, bert_config, vocab, lower = run_google_weights(source, checkpoint)
     else:
-        return None
-    return folder if is_jax_checkpoint(folder) else None
-
-
-def _export_jax_run(source, checkpoint: Path, format: str, output_dir, heads: str) -> Path:
-    """A JAX run's weights, read with NumPy from its checkpoint, through the same writers."""
-    run = RunFolder(source)
-    config, bert_config = run.read_config(), run.read_bert_config()
-    weights, vocab = read_weights(checkpoint), trained_vocab_file(run, config)
+        trained = trained or load_trained_model(source, checkpoint, backend=backend)
+        weights, bert_config = trained.google_weights(), trained.model.config
+        vocab, lower = trained.vocab_file, trained.do_lower_case
     if format == "hf":
-        return write_huggingface(weights, bert_config, output_dir, vocab, config.data.do_lower_case, heads)
+        return write_huggingface(weights, bert_config, output_dir, vocab, lower, heads)
     return write_google_checkpoint(weights, bert_config, output_dir, vocab)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import os
 from collections import deque
 
 import numpy as np
 
-from ..data.data_folder import feature_shapes
+from ..data.data_folder import damaged_shards, feature_shapes
 from ..data.dynamic_masking import DynamicMasking, dynamic_mask
 from ..data.tfrecord import RecordFile, decode_examples
 from ..errors import UserInputError
@@ -122,7 +123,7 @@ class TrainingBatches:
             chosen = epochs == epoch
             index[chosen] = permute(within[chosen], n, self.seed, int(epoch))
         shard, record = self.records.locate(index)
-        features = decode_examples(self.records.read(shard, record), self.shapes)
+        features = decoded(self.records, shard, record, self.shapes)
         ids = (epochs << EPOCH_SHIFT) | (shard << FILE_SHIFT) | record
         features = to_model_dtypes(features)
         if self.masking is not None:
@@ -147,6 +148,20 @@ class TrainingBatches:
         self._pool.shutdown(wait=True)
 
 
+def decoded(records: ShardSet, shard: np.ndarray, record: np.ndarray, shapes: dict) -> dict:
+    """The features of these records; a damaged one is named as the TensorFlow backend names it, not a traceback."""
+    try:
+        return decode_examples(records.read(shard, record), shapes)
+    except ValueError as exc:
+        data_dir = os.path.dirname(records.files[0])
+        damaged = damaged_shards(data_dir)
+        which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
+                 else "no shard differs from its manifest checksum, so the copy being read may be failing")
+        raise UserInputError(
+            f"A shard in {data_dir} is corrupt ({exc}): {which}. Copy the data folder again (or run create-data "
+            "again: it rewrites what does not match), then run train again; it resumes.") from None
+
+
 def to_model_dtypes(features: dict) -> dict:
     """int64 features as int32 (what accelerators prefer), ``next_sentence_labels`` as a vector."""
     out = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in features.items()}
@@ -162,4 +177,4 @@ def eval_batches(files: list[str], batch_size: int, max_seq_length: int, max_pre
     count = records.total // batch_size
     for b in itertools.islice(range(count), max_batches or None):
         shard, record = records.locate(np.arange(b * batch_size, (b + 1) * batch_size, dtype=np.int64))
-        yield to_model_dtypes(decode_examples(records.read(shard, record), shapes))
+        yield to_model_dtypes(decoded(records, shard, record, shapes))

@@ -1,13 +1,10 @@
 """A JAX checkpoint's state file: weights, optimizer slots, step, Keras's RNG state (and the float16 loss scale)
 in one ``state.npz``.
 
-Arrays are stored by name and laid out as in Google's checkpoints: ``params/<Google name>``,
-``m/<Google name>`` and ``v/<Google name>`` (the optimizer's moments), ``keras/<variable path>``
-(dropout's seed state), ``step``, and with float16 compute ``loss_scale/scale`` and ``loss_scale/good_steps``
-(the dynamic loss scale and the finite steps since it last changed). Because the weights carry Google's BERT
-checkpoint names, exporting or converting a JAX run needs NumPy alone (:func:`read_weights`), no JAX. The checkpoint
-folder around it (atomic, verified, pruned, mirrored) is :mod:`..core.checkpoints`'s, shared with the
-TensorFlow backend.
+The file's layout (arrays by name, laid out as in Google's checkpoints) and its readers belong to
+:mod:`..core.run_weights`, so evaluating or exporting a JAX run reads its weights with NumPy alone; this
+module writes it and restores the trainer from it. The checkpoint folder around it (atomic, verified,
+pruned, mirrored) is :mod:`..core.checkpoints`'s, shared with the TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -18,25 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-STATE_FILE = "state.npz"
-PARAMS = "params/"
-LOSS_SCALE = "loss_scale"
+from ..core.run_weights import PARAMS, STATE_FILE, read_arrays
+
+LOSS_SCALE = "loss_scale"  # float16 compute: loss_scale/scale and loss_scale/good_steps
 LOSS_SCALE_ARRAYS = ("scale", "good_steps")
 
-
-def is_jax_checkpoint(folder: str | Path) -> bool:
-    return (Path(folder) / STATE_FILE).is_file()
-
-
-def read_arrays(folder: str | Path) -> dict[str, np.ndarray]:
-    with np.load(Path(folder) / STATE_FILE, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
-
-
-def read_weights(folder: str | Path) -> dict[str, np.ndarray]:
-    """The model's weights in a JAX checkpoint folder, by Google BERT name, as float32."""
-    with np.load(Path(folder) / STATE_FILE, allow_pickle=False) as data:
-        return {name[len(PARAMS):]: data[name].astype(np.float32) for name in data.files if name.startswith(PARAMS)}
+__all__ = ["PARAMS", "JaxState"]  # PARAMS: the trainer names the weights it saves with it
 
 
 class JaxState:

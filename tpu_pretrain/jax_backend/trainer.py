@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import time
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
 from .model import build_model, from_google, google_variables, to_google  # noqa: E402
+from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
 
@@ -68,6 +70,10 @@ def _unless_overflowed(state: dict, new: dict, finite) -> dict:
 
 class JaxTrainer:
     """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
+
+    prefetch_chunks = 2  # calls' worth of batches placed on the devices ahead of the steps; 0: none (serial)
+    _prefetch: BatchPrefetcher | None = None
+    _stack = None
 
     def __init__(self, config: Config, devices: Devices | None = None):
         self.plan = RunPlan.resolve(config)
@@ -118,34 +124,25 @@ class JaxTrainer:
         return jax.device_put(tree, self.devices.replicated())
 
     def _load_init_checkpoint(self, path: str) -> None:
-        """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with TensorFlow)."""
-        from pathlib import Path
+        """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with NumPy alone)."""
+        from ..core.weight_names import read_checkpoint_weights
 
-        from ..core.weight_names import HF_WEIGHT_FILES, read_checkpoint_weights
-
-        p = Path(path)
-        hf = p.is_dir() and any((p / n).is_file() for n in HF_WEIGHT_FILES)
-        try:
-            weights = read_checkpoint_weights(path)
-        except ImportError:
-            if hf:
-                raise
-            raise UserInputError(f"init_checkpoint {path}: reading a Google TF checkpoint needs TensorFlow; convert "
-                                 "it to a Hugging Face folder (`tpu-pretrain export CKPT --format hf --output DIR` "
-                                 "where TensorFlow is installed) or install TensorFlow.") from None
-        loaded, missing = self.set_google_weights(weights, strict=False)
+        loaded, missing = self.set_google_weights(read_checkpoint_weights(path), strict=False)
         if not loaded:
             raise UserInputError(f"init_checkpoint {path} holds no BERT weights that this model uses.")
         log.info("Initialised %d weights from %s; %d keep their random init%s", len(loaded), path, len(missing),
                  f": {', '.join(missing[:6])}" if missing else "")
 
     def start_input(self, step: int) -> None:
-        """Open the training input at ``step``: the order is a pure function of (seed, records consumed)."""
+        """Open the training input at ``step``: the order is a pure function of (seed, records consumed).
+
+        Whatever was read ahead for another position is dropped; reading ahead starts again from ``step``."""
         t, d = self.config.train, self.config.data
         self.close()
         self.train_batches = TrainingBatches(self.data.train_files, t.train_batch_size, d.max_seq_length,
                                              d.max_predictions_per_seq, seed=t.train_seed,
                                              start_record=step * t.train_batch_size, masking=self._masking())
+        self._prefetcher()
 
     def _masking(self) -> DynamicMasking | None:
         if not self.config.train.dynamic_masking:
@@ -154,10 +151,26 @@ class JaxTrainer:
             raise UserInputError("dynamic_masking needs the vocab: set vocab_file.")
         return DynamicMasking.from_vocab_file(self.vocab_file, self.config.data.masked_lm_prob)
 
+    def _prefetcher(self) -> BatchPrefetcher:
+        """The prefetcher over ``train_batches`` (made again when they were replaced, as tests do)."""
+        if self.train_batches is None:
+            self.start_input(self.step)
+        if self._prefetch is None or self._prefetch.source is not self.train_batches:
+            if self._prefetch is not None:
+                self._prefetch.close()
+            place = self.devices.split()
+            self._prefetch = BatchPrefetcher(self.train_batches, lambda b: jax.device_put(
+                {k: b[k] for k in BATCH_FEATURES}, place), self.prefetch_chunks * self.steps_per_execution)
+        return self._prefetch
+
     def close(self) -> None:
-        """Stop the input's reading threads."""
+        """Stop reading ahead and the input's reading threads; the next steps open the input again at their step."""
+        if self._prefetch is not None:
+            self._prefetch.close()
+            self._prefetch = None
         if isinstance(self.train_batches, TrainingBatches):
             self.train_batches.close()
+            self.train_batches = None
 
     # -- compiled steps ---------------------------------------------------------------------------
     def _loss(self, params, keras_state, batch, global_weight, global_examples, training=True):
@@ -234,23 +247,32 @@ class JaxTrainer:
         return int(self.state["step"])
 
     def train_steps(self, steps: int) -> dict:
-        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics."""
-        if self.train_batches is None:
-            self.start_input(self.step)
-        totals: dict = {}
-        while steps > 0:
+        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics, and the
+        time the devices waited for input (``input_wait_seconds``, and its share of this call's time).
+
+        The calls are dispatched without waiting for each other (JAX runs them asynchronously), their input
+        placed ahead by :class:`.prefetch.BatchPrefetcher`; the host waits once, for the statistics of all.
+        """
+        tick = time.perf_counter()
+        prefetch = self._prefetcher()
+        if self._stack is None:
+            self._stack = chunk_stacker(self.devices.split(axis=1))
+        waited, first, done, sums = prefetch.wait_seconds, self.step, 0, []
+        while done < steps:
             # Two compiled shapes at most: whole calls of steps_per_execution, and single steps for the rest.
-            n = self.steps_per_execution if steps >= self.steps_per_execution else 1
-            first = self.step
-            pulled = [next(self.train_batches) for _ in range(n)]
-            stacked = {key: np.stack([b[key] for _, b in pulled]) for key in BATCH_FEATURES}
-            stacked = jax.device_put(stacked, self.devices.split(axis=1))
-            self.state, sums = self._train_chunk(self.state, stacked)
-            totals = add_sums(totals, jax.device_get(sums))
+            n = self.steps_per_execution if steps - done >= self.steps_per_execution else 1
+            pulled = prefetch.take(n, idle=lambda: jax.block_until_ready(sums))
+            self.state, chunk_sums = self._train_chunk(self.state, self._stack([b for _, b in pulled]))
+            sums.append(chunk_sums)
             if self.config.train.log_example_ids:
-                self.example_ids.extend((first + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
-            steps -= n
-        return metrics_from_sums(totals)
+                self.example_ids.extend((first + done + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
+            done += n
+        totals: dict = {}
+        for chunk_sums in jax.device_get(sums):
+            totals = add_sums(totals, chunk_sums)
+        wait = prefetch.wait_seconds - waited
+        return {**metrics_from_sums(totals), "input_wait_seconds": wait,
+                "input_wait_share": wait / max(time.perf_counter() - tick, 1e-9)}
 
     def evaluate(self) -> dict | None:
         """MLM loss/accuracy/perplexity and NSP loss/accuracy over up to max_eval_steps eval batches."""

@@ -37,7 +37,7 @@ def prepare_runtime(namespace, needs: str = "data") -> Parameters:
     params = parameters(namespace)
     check_placeholders(params)
     print(describe_runtime())
-    print(ensure_stack(needs, params.get("backend", "tensorflow")))
+    print(ensure_stack(needs, params.get("backend", "auto")))
     places = params.paths().values()
     if any(drive.is_drive_path(p) for p in places):
         print(mount_drive())
@@ -47,7 +47,7 @@ def prepare_runtime(namespace, needs: str = "data") -> Parameters:
     return params
 
 
-def ensure_stack(needs: str, backend: str = "tensorflow") -> str:
+def ensure_stack(needs: str, backend: str = "auto") -> str:
     """Install what ``needs`` (and the training ``backend``) require when it is missing; one line saying so."""
     if needs == "data":
         return "Stack: the data steps need no TensorFlow; nothing to install."

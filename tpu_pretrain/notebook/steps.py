@@ -11,6 +11,7 @@ is first fetched from its durable copy.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import signal
@@ -23,7 +24,8 @@ from .. import storage
 from ..cli import EXIT_STOPPED_EARLY
 from ..config import TRAIN, step_settings
 from ..errors import UserInputError
-from ..runtime import tpu_vm_present
+from ..runtime import COLAB, runtime, tpu_vm_present
+from ..storage import drive
 from . import places
 from .params import Parameters
 from .views import LiveCurves
@@ -75,13 +77,33 @@ def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seco
         arguments += ["--mirror_dir", mirror]
     arguments += settings_flags(params, backend=training_backend(params.get("backend", "auto"), run_dir))
     print(f"Training run {params.run_name!r} in {run_dir}" + (f", mirrored to {mirror}" if run_dir != mirror else ""))
+    if run_dir != mirror:
+        sign_in_to_delete_for_good(mirror)
     returncode = run(arguments, LiveCurves(run_dir), refresh_seconds)
     if returncode == EXIT_STOPPED_EARLY:
-        print(f"Stopped before the end (session deadline or interrupt); the newest checkpoint is in {mirror}. "
-              "Run this notebook (or 05_resume) again to continue from it.")
+        print(f"Stopped before the end (the session's deadline, an interrupt, or a durable copy in {mirror} that fell "
+              "behind: the messages above say which, and what to fix). Run this notebook (or 05_resume) again to "
+              "continue.")
     elif returncode:
         raise UserInputError(f"Training failed (exit {returncode}); its last messages are above.")
     return run_dir
+
+
+def sign_in_to_delete_for_good(mirror: str) -> None:
+    """On Colab, a run mirrored to Drive: sign in (Colab asks once) so that pruned checkpoints are deleted for good;
+    deleted through the mount alone they would go to Drive's bin and keep counting against the quota."""
+    if runtime() != COLAB or not drive.is_drive_path(mirror) or importlib.util.find_spec("google.colab") is None:
+        return
+    from google.colab import auth  # type: ignore[import-not-found]
+
+    try:
+        auth.authenticate_user()
+    except Exception as exc:  # declined or failed: pruning still frees the space, leaving empty files in the bin
+        print(f"No Drive sign-in ({exc}): checkpoints pruned from Drive are emptied before they are deleted, so its "
+              "bin keeps them without their bytes.")
+        return
+    print("Signed in with Colab's sign-in, so that checkpoints pruned from Drive are deleted for good, not kept in "
+          "its bin.")
 
 
 def fetch_run(params: Parameters, source: str) -> str:

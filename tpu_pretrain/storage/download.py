@@ -4,15 +4,18 @@ A corpus of tens of gigabytes is read several times (vocab, create-data), so it 
 ``<cache>/downloads/<hash of the URL>/<file name>``, under a ``.part`` name while it arrives. An HTTP
 download that stops (a dropped connection, a killed process) continues where it stopped with a Range
 request; ``If-Range`` with the server's ETag (or Last-Modified) makes a server whose file changed send
-it whole again instead of a mix. The file appears under its final name only when complete, so a
-re-run finds it and fetches nothing. ``gs://`` objects come through :mod:`.transfer` (verified,
-skipped when identical). A checksum the user gives as a URL fragment (``#sha256=<hex>`` or
-``#md5=<hex>``, as pip writes them) is checked on the complete file; a mismatch names the URL.
+it whole again instead of a mix (without either, the file's total size must match). A response without
+a length is whole only once the server has nothing after it. An HTML page is refused. The file appears
+under its final name only when complete, so a re-run finds it and fetches nothing. ``gs://`` objects
+come through :mod:`.transfer` (verified, skipped when identical). A checksum the user gives as a URL
+fragment (``#sha256=<hex>`` or ``#md5=<hex>``, as pip writes them) is checked on the complete file; a
+mismatch names the URL.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
 import os
@@ -119,64 +122,117 @@ def _http_download(url: str, dest: Path, progress: bool | None) -> None:
         try:
             if _fetch_part(url, part, progress):
                 break
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as exc:
             if isinstance(exc, urllib.error.HTTPError) and exc.code < 500:
                 raise DownloadError(f"{url} cannot be fetched: HTTP {exc.code} {exc.reason}.") from None
             if attempt == ATTEMPTS:
-                raise DownloadError(f"{url} cannot be fetched after {ATTEMPTS} attempts ({exc}); run again to "
+                raise DownloadError(f"{url} cannot be fetched after {ATTEMPTS} attempts ({exc!r}); run again to "
                                     f"continue from the {part.stat().st_size if part.exists() else 0} bytes "
                                     "already here.") from None
-            log.warning("Download of %s stopped (%s); continuing (attempt %d of %d).", url, exc, attempt + 1,
+            log.warning("Download of %s stopped (%r); continuing (attempt %d of %d).", url, exc, attempt + 1,
                         ATTEMPTS)
             time.sleep(min(30, 2 ** attempt))
+    else:
+        raise DownloadError(f"{url}: {ATTEMPTS} attempts could not confirm that the file arrived whole (the server "
+                            "sends no length, or the file changes between requests). Add its checksum (#sha256=<hex>) "
+                            "to the URL, or download it yourself and give the local file.")
     os.replace(part, dest)
     part.with_name(part.name + ".json").unlink(missing_ok=True)
 
 
 def _fetch_part(url: str, part: Path, progress: bool | None) -> bool:
-    """Append the rest of ``url`` to ``part`` (or start it over); True when ``part`` is complete."""
-    from tqdm.auto import tqdm
+    """Append the rest of ``url`` to ``part`` (or start it over); True when ``part`` is known to be complete.
 
+    A partial file continues with a Range request; ``If-Range`` (ETag or Last-Modified) makes a changed file come
+    whole, and without one the total size in ``Content-Range`` must match. A response without a length that ends
+    (the connection closed: the end, or a cut) is confirmed by asking for the bytes after it: none (416) is whole.
+    """
     meta_file = part.with_name(part.name + ".json")
     meta = _read_json(meta_file)
     have = part.stat().st_size if part.exists() else 0
     headers = {"User-Agent": "tpu-pretrain", "Accept-Encoding": "identity"}
-    if have and meta.get("validator"):
-        headers |= {"Range": f"bytes={have}-", "If-Range": meta["validator"]}
+    if have and (meta.get("validator") or meta.get("size") or meta.get("unsized")):
+        headers["Range"] = f"bytes={have}-"
+        if meta.get("validator"):
+            headers["If-Range"] = meta["validator"]
     try:
         response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_SECONDS)
     except urllib.error.HTTPError as exc:
-        if exc.code == 416 and have and have == meta.get("size"):
-            return True  # the partial file was already whole
-        raise
+        if exc.code != 416 or not have:
+            raise
+        if _range_total(exc) in (None, have) and meta.get("size") in (None, have):
+            return True  # nothing after the bytes here: the partial file was already whole
+        return _start_over(part, meta_file)  # the file on the server is shorter now: another file
     with response:
-        if response.status == 206 and _range_start(response) == have:
-            total = have + int(response.headers.get("Content-Length", 0)) if response.headers.get(
-                "Content-Length") else meta.get("size")
-            mode = "ab"
+        _refuse_web_page(url, response)
+        stated = _range_total(response)
+        continuing = response.status == 206 and _range_start(response) == have and (
+            stated is None or meta.get("size") in (None, stated))
+        if response.status == 206 and not continuing:
+            return _start_over(part, meta_file)  # another range, or the file changed size: fetch it whole
+        if continuing:
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length else _range_total(response) or meta.get("size")
             log.info("Continuing the download of %s at byte %d.", url, have)
         else:  # the whole file: a fresh start, a server without ranges, or one whose file changed
-            have, mode = 0, "wb"
             length = response.headers.get("Content-Length")
             total = int(length) if length else None
             validator = response.headers.get("ETag") or response.headers.get("Last-Modified")
-            meta_file.write_text(json.dumps({"url": url, "validator": validator, "size": total}))
-        bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=os.path.basename(part.name[:-5]),
-                   disable=(not progress) if progress is not None else None)
-        with open(part, mode) as out, bar:
-            while chunk := response.read1(BLOCK):  # what has arrived: a stop keeps it
-                out.write(chunk)
-                bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
+            meta = {"url": url, "validator": validator, "size": total, "whole": meta.get("whole")}
+            meta_file.write_text(json.dumps(meta))
+        _receive(response, part, "ab" if continuing else "wb", have if continuing else 0, total, progress)
+        chunked = response.chunked  # a chunked body that ends early raises IncompleteRead: one that ends is whole
     size = part.stat().st_size
     if total is not None and size != total:
         raise ConnectionError(f"the connection closed after {size} of {total} bytes")
-    return True
+    if total is not None or chunked or (not continuing and meta.get("whole") == size):
+        return True  # known complete (the last: two whole responses without a length agree)
+    log.info("%s came without a length; asking for what follows byte %d to be sure it is whole.", url, size)
+    meta_file.write_text(json.dumps({**meta, "unsized": True, "whole": meta.get("whole") if continuing else size}))
+    return False
+
+
+def _start_over(part: Path, meta_file: Path) -> bool:
+    part.unlink(missing_ok=True)
+    meta_file.unlink(missing_ok=True)
+    return False
+
+
+def _receive(response, part: Path, mode: str, have: int, total: int | None, progress: bool | None) -> None:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=os.path.basename(part.name[:-5]),
+               disable=(not progress) if progress is not None else None)
+    with open(part, mode) as out, bar:
+        while chunk := response.read1(BLOCK):  # what has arrived: a stop keeps it
+            out.write(chunk)
+            bar.update(len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _refuse_web_page(url: str, response) -> None:
+    """An HTML page is not a corpus (a GitHub "blob" link, a sign-in page): refused before a byte is kept."""
+    kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    if kind not in ("text/html", "application/xhtml+xml"):
+        return
+    parsed = urllib.parse.urlparse(url)
+    hint = "Give the address of the file itself (a download or \"raw\" link)."
+    if parsed.netloc == "github.com" and "/blob/" in parsed.path:
+        raw = f"https://raw.githubusercontent.com{parsed.path.replace('/blob/', '/', 1)}"
+        hint = f"That is GitHub's page about the file; the file itself is {raw}"
+    raise DownloadError(f"{url} is a web page (Content-Type {kind}), not a corpus file: its markup would be read as "
+                        f"text. {hint}")
 
 
 def _range_start(response) -> int | None:
     match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+    return int(match.group(1)) if match else None
+
+
+def _range_total(response) -> int | None:
+    """The file's whole size that ``Content-Range`` states (``bytes 0-9/10``, ``bytes */10``), if it does."""
+    match = re.search(r"/(\d+)\s*$", response.headers.get("Content-Range", "") if response.headers else "")
     return int(match.group(1)) if match else None
 
 

@@ -7,6 +7,7 @@ tokens for that upload, so :func:`redact` strips them from any text we show.
 
 from __future__ import annotations
 
+import errno
 import re
 
 from ..errors import UserInputError
@@ -70,6 +71,33 @@ def is_transient(exc: BaseException) -> bool:
         return True
     code = _status_code(exc)
     return code in (408, 429) or (code is not None and code >= 500)
+
+
+# What a failed write says, by cause; the checks run in this order (a full disk can also deny permission).
+_CAUSE_WORDS = {
+    "quota": ("no space left", "not enough space", "quota", "disk full", "insufficient storage"),
+    "permissions": ("permission denied", "read-only file system", "forbidden", "not writable", "access denied",
+                    "operation not permitted"),
+    "network": ("cannot reach", "connection", "timed out", "did not answer", "name or service not known",
+                "network is unreachable", "temporarily unavailable", "cannot get an access token", "timeout"),
+}
+_CAUSE_ERRNOS = {"quota": (errno.ENOSPC, errno.EDQUOT), "permissions": (errno.EACCES, errno.EPERM, errno.EROFS),
+                 "network": (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ETIMEDOUT)}
+
+
+def failure_cause(exc: BaseException) -> str | None:
+    """Why a write failed, as a user fixes it: ``quota`` (no room), ``permissions``, ``network``, or None."""
+    if isinstance(exc, InsufficientSpaceError):
+        return "quota"
+    text = str(exc).lower()
+    for cause, words in _CAUSE_WORDS.items():
+        if getattr(exc, "errno", None) in _CAUSE_ERRNOS[cause] or any(word in text for word in words):
+            return cause
+    if isinstance(exc, PermissionDeniedError | PermissionError):
+        return "permissions"
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return "network"
+    return None
 
 
 def _status_code(exc: BaseException) -> int | None:

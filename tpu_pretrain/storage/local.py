@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +26,31 @@ LARGE_WRITE = 16 * 1024 * 1024
 def temp_name(path: str | os.PathLike) -> Path:
     path = Path(path)
     return path.with_name(f".{path.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def new_temp_folder(path: str | os.PathLike) -> Path:
+    """An empty folder beside ``path`` to build its replacement in, named with :data:`TEMP_MARK`, this host and
+    process. Those a killed process of this host left are removed first: the mark says this tool made them."""
+    path = Path(path)
+    prefix, host = f".{path.name}{TEMP_MARK}", socket.gethostname()
+    for stale in path.parent.glob(f"{prefix}*"):
+        owner = stale.name[len(prefix):].rsplit("-", 2)
+        if stale.is_dir() and len(owner) == 3 and owner[0] == host and owner[1].isdigit() \
+                and not _process_alive(int(owner[1])):
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = path.with_name(f"{prefix}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def is_temp_name(name: str) -> bool:

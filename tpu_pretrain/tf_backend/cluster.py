@@ -7,19 +7,18 @@ global batches as one process. One writer: the chief (task 0) alone holds the ru
 writes checkpoints, logs and the mirror; the others take part in every save (TensorFlow's saves may
 hold collective operations) into a scratch folder they delete, and restore from the chief's
 checkpoints. A stop (deadline, SIGTERM) on any worker is agreed by all, so none waits forever for a
-step the others will not run.
+step the others will not run; before the strategy connects them, :mod:`..workers` has waited (named, bounded,
+stoppable) until every worker is up.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
 import tensorflow as tf
 
-from ..environment import environment_override
-from ..errors import UserInputError
+from ..workers import find_workers
 
 log = logging.getLogger(__name__)
 
@@ -38,31 +37,18 @@ class Cluster:
 
 
 def find_cluster(worker_hosts: str = "", task_index: int = 0) -> Cluster | None:
-    """The cluster named by the flags, else by ``TF_CONFIG``; None for one machine."""
+    """The cluster named by the flags, else by ``TF_CONFIG`` (checked by :func:`..workers.find_workers`); None for
+    one machine."""
+    workers = find_workers(worker_hosts, task_index)
+    if workers is None:
+        return None
     resolvers = tf.distribute.cluster_resolver
-    if worker_hosts:
-        workers = [h.strip() for h in worker_hosts.split(",") if h.strip()]
-        if not 0 <= task_index < len(workers):
-            raise UserInputError(f"--task_index {task_index} is not one of the {len(workers)} --worker_hosts "
-                                 f"(0 to {len(workers) - 1}).")
-        spec = tf.train.ClusterSpec({"worker": workers})
-        resolver = resolvers.SimpleClusterResolver(spec, task_type="worker", task_id=task_index, rpc_layer="grpc")
-    elif environment_override("TF_CONFIG"):
-        try:
-            config = json.loads(environment_override("TF_CONFIG"))
-            workers = list(config["cluster"].get("worker", [])) + list(config["cluster"].get("chief", []))
-            task = config["task"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserInputError(f"TF_CONFIG is not a cluster description ({exc}): see README, 'Training on "
-                                 "several machines'.") from None
+    if workers.source == "TF_CONFIG":
         resolver = resolvers.TFConfigClusterResolver()
-        task_index = 0 if task["type"] == "chief" or (task["index"] == 0 and "chief" not in config["cluster"]) \
-            else task["index"] + 1
     else:
-        return None
-    if len(workers) < 2:
-        return None
-    return Cluster(workers, task_index, resolver)
+        spec = tf.train.ClusterSpec({"worker": list(workers.addresses)})
+        resolver = resolvers.SimpleClusterResolver(spec, task_type="worker", task_id=workers.index, rpc_layer="grpc")
+    return Cluster(list(workers.addresses), workers.index, resolver)
 
 
 def multi_worker_strategy(cluster: Cluster) -> tf.distribute.Strategy:

@@ -1,0 +1,97 @@
+"""Every benchmark still runs: each ``benchmarks/bench_*.py --smoke`` in its own process, as a user would start it.
+
+``--smoke`` is a seconds-long run of the benchmark's own code path (a tiny model, a few steps, tiny data); its
+figures mean nothing, so nothing here checks their values, only that the script ran, said it was a smoke run and
+printed figures. The scripts are found by glob: a new benchmark is covered as soon as it exists, and fails here
+until it has ``--smoke``. The selected scripts start together, a few at a time (most of a smoke run is one
+process importing a framework and building a graph), and each test waits for its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+TIMEOUT_SECONDS = 600  # per script: generous, for a loaded machine (a smoke run takes seconds plus its imports)
+FIGURE = re.compile(r"\d\.\d|\d\s*%")  # a measured figure: a decimal number or a percentage
+JOBS = min(4, max(2, (os.cpu_count() or 1) // 2))  # smoke runs at once
+
+
+def test_benchmarks_are_found():
+    names = {script.name for script in BENCHMARKS}
+    assert {"bench_train.py", "bench_train_jax.py", "bench_storage.py"} <= names, names
+
+
+def run_smoke(script: Path, running: set) -> tuple[int | None, str, str, float]:
+    """(exit code, stdout, stderr, seconds) of ``script --smoke``; on timeout its whole process group is killed
+    and the code is None. The process is in ``running`` while it runs."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, str(script), "--smoke"], cwd=ROOT, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    running.add(process)
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        stdout, stderr = process.communicate()
+        return None, stdout, stderr, time.perf_counter() - start
+    finally:
+        running.discard(process)
+    return process.returncode, stdout, stderr, time.perf_counter() - start
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kill the benchmark and whatever it started (trainers, workers, an emulator): its process group."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request) -> dict[Path, Future]:
+    """Every selected script's smoke run, started at once (JOBS at a time)."""
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if item.module is request.module and item.originalname == "test_benchmark_smoke_run"]
+    running: set[subprocess.Popen] = set()
+    pool = ThreadPoolExecutor(JOBS)
+    try:
+        yield {script: pool.submit(run_smoke, script, running) for script in selected}
+    finally:  # interrupted: nothing is left running
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in list(running):
+            kill_group(process)
+        pool.shutdown(wait=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)
+def test_benchmark_smoke_run(script: Path, smoke_runs):
+    code, stdout, stderr, seconds = smoke_runs[script].result()
+    if code is None:
+        pytest.fail(f"{script.name} --smoke ran past {TIMEOUT_SECONDS} s: a smoke run must take seconds (a tiny "
+                    f"model, a few steps, tiny data). Its output so far:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    failed = f"{script.name} --smoke exited with {code} after {seconds:.0f} s"
+    if "unrecognized arguments: --smoke" in stderr:
+        pytest.fail(f"{script.name} has no --smoke flag: add one (a seconds-long run of the same code path on a tiny "
+                    "model and data, saying that its figures are meaningless; benchmarks/support.py's parse_args "
+                    "adds it) so that CI proves the benchmark still runs.")
+    assert code == 0, f"{failed}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    assert re.search("smoke", stdout, re.IGNORECASE), (
+        f"{script.name} --smoke must say in its output that it ran in smoke mode and its figures are meaningless "
+        f"(does it read --smoke at all?):\n{stdout[-3000:]}")
+    figures = [line for line in stdout.splitlines() if FIGURE.search(line) and "smoke" not in line.lower()]
+    assert figures, f"{script.name} --smoke printed no figure:\n{stdout[-3000:]}"
+    print(f"{script.name} --smoke: {seconds:.1f} s")
