@@ -50,6 +50,15 @@ def pretraining_stats(outputs, batch: dict, with_nsp: bool, ops: ArrayOps) -> di
     return stats
 
 
+def global_batch_loss(stats: dict, global_weight, global_examples, with_nsp: bool):
+    """This share's part of the loss of the *global* batch: MLM per masked token, NSP per example of the
+    whole batch, so any number of replicas and micro-batches add up to the same loss and gradients."""
+    loss = stats["mlm_loss_sum"] / global_weight
+    if with_nsp:
+        loss = loss + stats["nsp_loss_sum"] / global_examples
+    return loss
+
+
 def metrics_from_sums(sums: dict) -> dict:
     """Means from summed statistics: MLM loss/accuracy over masked tokens, NSP over examples."""
     s = {k: float(v) for k, v in sums.items()}

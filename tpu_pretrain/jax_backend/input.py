@@ -6,7 +6,7 @@ cycle-walking, so the record at any position is computed directly: position ``p`
 is record ``permute(p mod N)`` of epoch ``p // N``, where record ``g`` is record ``g - first[f]`` of
 the ``f``-th shard in name order. Resuming at a step therefore reads exactly the records the
 uninterrupted run would have read, with no skipping through the data. Example ids are the TensorFlow
-backend's: ``epoch << 48 | shard index << 32 | record index in the shard``.
+backend's (:mod:`..core.example_ids`).
 
 Reading: an index of each shard's record offsets (one pass over the record headers), random reads
 through a memory map with each record's CRC checked, batches decoded with NumPy
@@ -22,12 +22,12 @@ from collections import deque
 
 import numpy as np
 
+from ..core.example_ids import example_id
 from ..data.data_folder import damaged_shards, feature_shapes
 from ..data.dynamic_masking import DynamicMasking, dynamic_mask
 from ..data.tfrecord import RecordFile, decode_examples
 from ..errors import UserInputError
 
-EPOCH_SHIFT, FILE_SHIFT = 48, 32
 # What a training step takes: the model's inputs and what the losses compare them with.
 BATCH_FEATURES = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
                   "next_sentence_labels")
@@ -124,7 +124,7 @@ class TrainingBatches:
             index[chosen] = permute(within[chosen], n, self.seed, int(epoch))
         shard, record = self.records.locate(index)
         features = decoded(self.records, shard, record, self.shapes)
-        ids = (epochs << EPOCH_SHIFT) | (shard << FILE_SHIFT) | record
+        ids = example_id(epochs, shard, record)
         features = to_model_dtypes(features)
         if self.masking is not None:
             features = dynamic_mask(features, ids, self.seed, self.masking)

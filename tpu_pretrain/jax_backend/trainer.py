@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 
 from ..config import Config  # noqa: E402
-from ..core.metrics import STAT_KEYS, add_sums, metrics_from_sums  # noqa: E402
+from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums  # noqa: E402
 from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
@@ -177,10 +177,7 @@ class JaxTrainer:
         inputs = [batch[k] for k in MODEL_INPUTS]
         outputs, keras_state = self.model.stateless_call(params, keras_state, inputs, training=training)
         stats = pretraining_stats(outputs, batch, self.with_nsp)
-        loss = stats["mlm_loss_sum"] / global_weight
-        if self.with_nsp:
-            loss = loss + stats["nsp_loss_sum"] / global_examples
-        return loss, (stats, keras_state)
+        return global_batch_loss(stats, global_weight, global_examples, self.with_nsp), (stats, keras_state)
 
     def _scaled_loss(self, params, keras_state, batch, global_weight, global_examples, scale):
         loss, aux = self._loss(params, keras_state, batch, global_weight, global_examples)

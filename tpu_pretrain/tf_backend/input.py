@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from ..core.example_ids import example_id
 from ..data.data_folder import feature_shapes
 from ..data.dynamic_masking import DynamicMasking
 from ..errors import UserInputError
@@ -70,9 +71,6 @@ def dynamic_mask(features: dict, seed, spec: DynamicMasking) -> dict:
     return out
 
 
-EPOCH_SHIFT, FILE_SHIFT = 48, 32  # example id = epoch << 48 | file index << 32 | record index in the file
-
-
 def training_records(files: list[str], *, seed: int, shuffle_buffer_size: int, start_record: int = 0,
                      records_per_epoch: int | None = None) -> tf.data.Dataset:
     """``(example_id, serialized record)`` in an order that is a pure function of the seed.
@@ -90,8 +88,7 @@ def training_records(files: list[str], *, seed: int, shuffle_buffer_size: int, s
 
     def read_file(epoch, file_index):
         records = tf.data.TFRecordDataset(tf.gather(paths, file_index))
-        base = epoch * (1 << EPOCH_SHIFT) + file_index * (1 << FILE_SHIFT)
-        return records.enumerate().map(lambda i, record: (base + i, record))
+        return records.enumerate().map(lambda i, record: (example_id(epoch, file_index, i), record))
 
     def epoch_records(epoch):
         order = tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64),

@@ -14,7 +14,7 @@ import logging
 import tensorflow as tf
 
 from ..config import Config
-from ..core.metrics import STAT_KEYS, add_sums, metrics_from_sums
+from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums
 from ..core.resolve import RunPlan
 from ..core.schedules import Schedule
 from ..data.data_folder import DataInfo, damaged_shards
@@ -129,10 +129,7 @@ class Trainer:
         """This replica's summed statistics, and its share of the global-batch loss."""
         inputs = [batch["input_ids"], batch["segment_ids"], batch["masked_lm_positions"]]
         stats = pretraining_stats(self.model(inputs, training=training), batch, self.with_nsp)
-        loss = stats["mlm_loss_sum"] / global_weight
-        if self.with_nsp:
-            loss += stats["nsp_loss_sum"] / global_examples
-        return loss, stats
+        return global_batch_loss(stats, global_weight, global_examples, self.with_nsp), stats
 
     def _compute_gradients(self, batch, global_weight, global_examples, seed):
         variables = self.model.trainable_variables
