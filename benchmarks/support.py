@@ -1,4 +1,4 @@
-"""What the benchmarks share: random BERT-schema data folders written by the package's own writers, and smoke mode.
+"""What the benchmarks share: random BERT-schema data folders (:mod:`tpu_pretrain.data.random_data`), and smoke mode.
 
 Not a benchmark itself (``tests/test_benchmarks.py`` runs every ``bench_*.py``). Imports neither TensorFlow nor
 JAX, so the JAX-only benchmark can use it on an image without TensorFlow.
@@ -7,26 +7,10 @@ JAX, so the JAX-only benchmark can use it on an image without TensorFlow.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from pathlib import Path
 
-import numpy as np
+from tpu_pretrain.data.random_data import random_batch, write_random_data_folder
 
-from tpu_pretrain.data.data_folder import (
-    EVAL,
-    MANIFEST,
-    TRAIN,
-    VOCAB,
-    DataInfo,
-    Manifest,
-    ShardStats,
-    read_data_info,
-    shard_name,
-)
-from tpu_pretrain.data.tfrecord import AtomicRecordWriter, encode_examples
-from tpu_pretrain.data.vocab import SPECIAL_TOKENS, vocab_sha256
-from tpu_pretrain.storage.local import write_text_atomic
+__all__ = ["parse_args", "random_batch", "write_random_data_folder"]
 
 SMOKE_NOTE = ("smoke mode ({}): this proves the benchmark runs end to end; its figures are meaningless "
               "(run it without --smoke to measure)")
@@ -46,42 +30,3 @@ def parse_args(parser: argparse.ArgumentParser, smoke: dict, what: str,
     if args.smoke:
         print(SMOKE_NOTE.format(what), flush=True)
     return args
-
-
-def random_batch(n: int, seq: int, pred: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """``n`` instances of random tokens: full length, two segments, ``pred`` masked positions each."""
-    rng = np.random.default_rng(seed)
-    positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), pred, replace=False) for _ in range(n)]), 1)
-    return {"input_ids": rng.integers(5, vocab, (n, seq)), "input_mask": np.ones((n, seq), np.int64),
-            "segment_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int64).repeat(n, 0),
-            "masked_lm_positions": positions, "masked_lm_ids": rng.integers(5, vocab, (n, pred)),
-            "masked_lm_weights": np.ones((n, pred), np.float32),
-            "next_sentence_labels": rng.integers(0, 2, (n, 1))}
-
-
-def write_random_data_folder(folder: str | os.PathLike, n: int, seq: int, pred: int, vocab: int,
-                             eval_n: int = 0) -> DataInfo:
-    """A complete data folder of random tokens: shards, vocab.txt and manifest.json, through the package's writers
-    (``data_folder.Manifest``/``ShardStats``, ``tfrecord.AtomicRecordWriter``), then read back by its reader: a
-    change to the data-folder contract fails here, loudly, instead of leaving a folder training cannot read."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokens = list(SPECIAL_TOKENS) + [f"tok{i}" for i in range(vocab - len(SPECIAL_TOKENS))]
-    write_text_atomic(folder / VOCAB, "\n".join(tokens) + "\n")
-    shards = []
-    for split, count, seed in ((TRAIN, n, 0), (EVAL, eval_n, 1)):
-        if not count:
-            continue
-        name = shard_name(split, 0, 1)
-        writer = AtomicRecordWriter(folder / name)
-        writer.write_all(encode_examples(random_batch(count, seq, pred, vocab, seed)))
-        sha256 = writer.close()
-        shards.append(ShardStats(file=name, split=split, documents=count, sentences=2 * count,
-                                 tokens=count * (seq - 3), instances=count, masked_tokens=count * pred,
-                                 real_tokens=count * (seq - 3), random_next=count // 2, bytes=writer.bytes,
-                                 sha256=sha256))
-    manifest = Manifest(settings={"max_seq_length": seq, "max_predictions_per_seq": pred, "no_nsp": False},
-                        vocab_size=vocab, vocab_sha256=vocab_sha256(folder / VOCAB), inputs=[],
-                        corpus_report="random tokens written by a benchmark", shards=shards)
-    write_text_atomic(folder / MANIFEST, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
-    return read_data_info(str(folder))

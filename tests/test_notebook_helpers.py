@@ -65,23 +65,27 @@ def test_the_keep_alive_is_offered_for_the_console_with_resume_as_the_safeguard(
     assert "colab-connect-button" in notebook.keep_alive_script()
 
 
-def test_the_training_backend_a_notebook_chooses(tmp_path, monkeypatch, capsys):
+def test_the_training_backend_a_notebook_settles(tmp_path, monkeypatch, capsys):
     from importlib.util import find_spec
 
-    from tpu_pretrain.notebook.steps import training_backend
+    from tpu_pretrain.notebook.runtime_setup import settle_backend
     from tpu_pretrain.runtime import TPU_ENVIRONMENT
 
     for name in TPU_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
-    assert training_backend("auto", str(tmp_path)) == "auto"  # off a TPU VM the tpu-pretrain process decides
-    assert training_backend("tensorflow", str(tmp_path)) == "tensorflow"
+    assert settle_backend("auto", str(tmp_path)) == "auto"  # off a TPU VM the tpu-pretrain process decides
+    assert settle_backend("tensorflow", str(tmp_path)) == "tensorflow"
     (tmp_path / "config.json").write_text('{"train": {"backend": "jax"}}')
-    assert training_backend("auto", str(tmp_path)) == "jax"  # a run continues on the backend that started it
+    assert settle_backend("auto", str(tmp_path)) == "jax"  # a run continues on the backend that started it
     assert "the backend this run was started with" in capsys.readouterr().out
+    with pytest.raises(UserInputError, match="was started with jax and continues on it"):
+        settle_backend("tensorflow", str(tmp_path))
+    (tmp_path / "config.json").write_text('{"train": {}}')  # from before the setting existed
+    assert settle_backend("auto", str(tmp_path)) == "tensorflow"
     if find_spec("jax") and find_spec("keras"):  # as on Colab's and Kaggle's TPU images: no tensorflow-tpu here
         monkeypatch.setenv("ISTPUVM", "1")
-        assert training_backend("auto", str(tmp_path / "new_run")) == "jax"
-        assert "Training backend: jax (a TPU VM" in capsys.readouterr().out
-        assert training_backend("tensorflow", str(tmp_path / "new_run")) == "tensorflow"  # the TPU environment's
+        assert settle_backend("auto", str(tmp_path / "new_run")) == "jax"
+        assert "Backend: jax (a TPU VM" in capsys.readouterr().out
+        assert settle_backend("tensorflow", str(tmp_path / "new_run")) == "tensorflow"  # the TPU environment's
     assert settings_flags(parameters(kernel_globals(backend="auto", run_name="x", train_batch_size=8)),
                           backend="jax") == ["--backend=jax", "--train_batch_size=8"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tpu_pretrain.release import badges, install_source
+from tpu_pretrain.runtime import TPU_ENVIRONMENT
 from tpu_pretrain.storage import auth
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +30,12 @@ TRAINING = ("00_setup", "03_train_colab_tpu", "04_train_kaggle_tpu", "05_resume"
 NOISE = re.compile(r"oneDNN custom operations|Could not find cuda drivers|failed call to cuInit|cuda_platform|"
                    r"absl::InitializeLog|TF-TRT Warning|Sharding callback duration|Unable to register cu(DNN|FFT|BLAS)|"
                    r"computation placer already registered|This TensorFlow binary is optimized")
+# The platforms, simulated by their variables; a TPU VM's chips by the CPU's logical devices (JAX on the CPU).
+COLAB, KAGGLE = {"COLAB_RELEASE_TAG": "test"}, {"KAGGLE_KERNEL_RUN_TYPE": "Batch"}
+SIMULATED = {"local": {}, "colab": COLAB, "kaggle": KAGGLE,
+             "colab_tpu": {**COLAB, "TPU_ACCELERATOR_TYPE": "v5litepod-1"},
+             "kaggle_tpu": {**KAGGLE, "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+                            "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}}
 TINY_TRAINING = dict(model_size="L2-H128", train_batch_size=8, num_train_steps=6, num_warmup_steps=1,
                      save_checkpoints_steps=3, eval_every_steps=3, keep_checkpoint_max=2)
 
@@ -100,10 +107,10 @@ class Runtimes:
                "TMPDIR": str(workdir / "tmp"), "TPU_PRETRAIN_CACHE_DIR": str(workdir / "cache"),
                "FAKE_COLAB_LOG": str(workdir / "colab.log"),
                "FAKE_KAGGLE_SECRETS": str(self.secrets)}
-        for key in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE"):
+        for key in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", *TPU_ENVIRONMENT, "XLA_FLAGS"):
             self.monkeypatch.delenv(key, raising=False)
-        simulated = {"colab": {"COLAB_RELEASE_TAG": "test"}, "kaggle": {"KAGGLE_KERNEL_RUN_TYPE": "Batch"}}
-        env.update(simulated.get(runtime, {}))
+        env.update(SIMULATED[runtime])
+        env["TPU_PRETRAIN_KAGGLE_INPUT"] = str(self.kaggle_input)
         for key, value in env.items():
             self.monkeypatch.setenv(key, value)
         output = self.root / "executed" / name
@@ -146,28 +153,57 @@ def runtimes(tmp_path, monkeypatch, bucket):
     auth.reset()
 
 
+def outputs(executed: Path) -> str:
+    """What the cells of an executed notebook printed (not their sources)."""
+    import nbformat
+
+    notebook = nbformat.read(executed, as_version=4)
+    return "\n".join(o.get("text", "") or json.dumps(o.get("data", {})) for c in notebook.cells
+                     for o in c.get("outputs", []))
+
+
+def assert_jax_without_tensorflow(workdir: Path, printed: str) -> None:
+    """The run trained (or was used) with JAX and no TensorFlow environment was built or installed for it."""
+    assert "Backend: jax" in printed and "no TensorFlow needed" in printed
+    assert "Installing the TensorFlow stack" not in printed and "tpu-venv" not in printed
+    assert not (workdir / "cache" / "tpu-venv").exists()
+
+
 @pytest.mark.slow
-def test_the_colab_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
+def test_the_colab_tpu_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
+    """Colab: data on a CPU runtime, training and resume on a TPU runtime with the image's JAX, the modern recipe."""
     project = f"gs://{bucket}/project"
     drive_project = str(runtimes.drive / "tpu_pretrain")
-    runtimes.run("00_setup.ipynb", "setup", "colab", project_dir=project)
-    runtimes.run("01_prepare_data.ipynb", "prepare", "colab", project_dir=drive_project, vocab_size=3000,
-                 dupe_factor=1, max_seq_length=64, max_predictions_per_seq=10)
+    workdir, output = runtimes.run("00_setup.ipynb", "setup", "colab_tpu", project_dir=project,
+                                   model_size="L2-H128", train_batch_size=8)
+    printed = outputs(output)  # what 03 will train with, measured: JAX, not the TensorFlow TPU environment
+    assert "Accelerator check: no TPU or GPU here, the steps ran on the CPU" in printed
+    assert "sequences/s" in printed and "checkpoint saved and restored" in printed
+    assert not (workdir / "cache" / "tpu-venv").exists()
+    check = json.loads(auth.storage_client().bucket(bucket).blob("project/accelerator_check.json").download_as_text())
+    assert check["model_size"] == "L2-H128" and check["sequences_per_second"] > 0
+    _, output = runtimes.run("01_prepare_data.ipynb", "prepare", "colab", project_dir=drive_project,
+                             vocab_size=3000, dupe_factor=1, max_seq_length=64)
     assert (runtimes.drive / "tpu_pretrain" / "data" / "manifest.json").is_file()
+    assert "(packed, fill 0.9" in outputs(output)  # the modern recipe's packing, and how full it is
     runtimes.run("02_upload_to_gcs.ipynb", "upload", "colab", project_dir=drive_project,
                  gcs_url=f"{project}/data", transfer_workers=4)
     names = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/data/")}
     assert "project/data/manifest.json" in names and any(n.endswith(".tfrecord") for n in names)
 
-    runtimes.run("03_train_colab_tpu.ipynb", "train", "colab", project_dir=project, **TINY_TRAINING)
+    workdir, output = runtimes.run("03_train_colab_tpu.ipynb", "train", "colab_tpu", project_dir=project,
+                                   **TINY_TRAINING)
+    assert_jax_without_tensorflow(workdir, outputs(output))
     mirrored = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/runs/bert/")}
     assert "project/runs/bert/checkpoints/ckpt-000000006/checkpoint.json" in mirrored
-    # A fresh runtime: the run comes back from its mirror and goes on to step 9.
-    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "colab", project_dir=project, num_train_steps=9,
-                              rewarm_steps=2)  # the run had finished: a new phase
+    # A fresh runtime: the run comes back from its mirror and goes on to step 9, on the backend it started with.
+    workdir, output = runtimes.run("05_resume.ipynb", "resume", "colab_tpu", project_dir=project, num_train_steps=9,
+                                   rewarm_steps=2)  # the run had finished: a new phase
+    assert_jax_without_tensorflow(workdir, outputs(output))
     assert (workdir / "work" / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
     workdir, output = runtimes.run("06_evaluate_and_export.ipynb", "evaluate", "colab", project_dir=project,
                                    top_k=3)
+    assert_jax_without_tensorflow(workdir, outputs(output))
     exported = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/exports/bert/")}
     assert {"project/exports/bert/hf/model.safetensors", "project/exports/bert/tf/bert_model.ckpt.index"} <= exported
     assert "files.download" in (workdir / "colab.log").read_text()  # the zip offered to the browser
@@ -175,7 +211,9 @@ def test_the_colab_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
 
 
 @pytest.mark.slow
-def test_the_kaggle_path_without_a_bucket(runtimes, bucket):
+def test_the_kaggle_tpu_path_without_a_bucket(runtimes, bucket):
+    """Kaggle: a v5e-8 (eight CPU devices standing in), outputs attached as inputs; a second session of 04 finds
+    its earlier output and continues it without being told."""
     corpus = runtimes.kaggle_input / "my-corpus"
     corpus.mkdir()
     from tpu_pretrain.data.sample_corpus import write_sample_corpus
@@ -184,7 +222,7 @@ def test_the_kaggle_path_without_a_bucket(runtimes, bucket):
     working = "working/tpu_pretrain"  # the notebook's /kaggle/working
     workdir, _ = runtimes.run("01_prepare_data.ipynb", "prepare", "kaggle", corpus=str(corpus),
                               project_dir=str(runtimes.root / "prepare" / working), vocab_size=2000,
-                              dupe_factor=1, max_seq_length=64, max_predictions_per_seq=10)
+                              dupe_factor=1, max_seq_length=64)
     data = runtimes.save_version(workdir, "prepare-output") / "tpu_pretrain" / "data"
 
     key = {"type": "service_account", "client_email": "trainer@project.iam.gserviceaccount.com",
@@ -195,11 +233,27 @@ def test_the_kaggle_path_without_a_bucket(runtimes, bucket):
     text = output.read_text()
     assert "trainer@project.iam.gserviceaccount.com" in text and "NOT-A-REAL-KEY" not in text
 
-    workdir, _ = runtimes.run("04_train_kaggle_tpu.ipynb", "train", "kaggle", data_dir=str(data),
-                              project_dir=str(runtimes.root / "train" / working), **TINY_TRAINING)
+    # The first session ends (its deadline, here a moment after the start) after the first steps are saved.
+    workdir, output = runtimes.run("04_train_kaggle_tpu.ipynb", "train", "kaggle_tpu", data_dir=str(data),
+                                   project_dir=str(runtimes.root / "train" / working), session_hours=1e-5,
+                                   session_margin_minutes=0, **TINY_TRAINING)
+    printed = outputs(output)
+    assert_jax_without_tensorflow(workdir, printed)
+    assert "CPU: 8 device(s)" in printed  # every logical device a data-parallel replica
+    assert "attach this notebook's output as an input" in printed  # what to do next, on Kaggle
     run = runtimes.save_version(workdir, "train-output") / "tpu_pretrain" / "runs" / "bert"
-    assert (run / "checkpoints" / "ckpt-000000006").is_dir()
-    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "kaggle", resume_from=str(run), data_dir=str(data),
+    stopped_at = max(int(c.name[5:]) for c in (run / "checkpoints").glob("ckpt-*"))
+    assert 0 < stopped_at < 6
+    # The next session: the same notebook, its earlier output attached, no resume_from: it goes on from there.
+    workdir, output = runtimes.run("04_train_kaggle_tpu.ipynb", "train2", "kaggle_tpu", data_dir=str(data),
+                                   project_dir=str(runtimes.root / "train2" / working), session_hours=0,
+                                   **TINY_TRAINING)  # 0: Kaggle's own 9 hours
+    printed = outputs(output)
+    assert f"Found the run 'bert' in an attached input: {run}" in printed
+    assert f"step {stopped_at} of 6" in printed
+    assert (workdir / working / "runs" / "bert" / "checkpoints" / "ckpt-000000006").is_dir()
+    run = runtimes.save_version(workdir, "train2-output") / "tpu_pretrain" / "runs" / "bert"
+    workdir, _ = runtimes.run("05_resume.ipynb", "resume", "kaggle_tpu", resume_from=str(run), data_dir=str(data),
                               project_dir=str(runtimes.root / "resume" / working), num_train_steps=9,
                               rewarm_steps=2)  # the run had finished: a new phase
     assert (workdir / working / "runs" / "bert" / "checkpoints" / "ckpt-000000009").is_dir()
@@ -214,10 +268,47 @@ def test_the_quickstart_goes_from_nothing_to_an_export(runtimes):
     assert (workdir / "work" / "quickstart-hf.zip").is_file()
 
 
-def test_a_missing_input_or_a_placeholder_stops_the_notebook_early_with_what_to_do(runtimes):
+def test_a_missing_input_a_placeholder_or_no_tpu_stops_the_notebook_early_with_what_to_do(runtimes):
     import papermill
 
     with pytest.raises(papermill.PapermillExecutionError, match="Run 01_prepare_data first"):
-        runtimes.run("03_train_colab_tpu.ipynb", "no_data", project_dir=str(runtimes.drive / "empty"))
+        runtimes.run("03_train_colab_tpu.ipynb", "no_data", project_dir=str(runtimes.drive / "empty"),
+                     require_tpu=False)
     with pytest.raises(papermill.PapermillExecutionError, match="Replace the placeholder.*gcs_url"):
         runtimes.run("02_upload_to_gcs.ipynb", "placeholder")
+    with pytest.raises(papermill.PapermillExecutionError, match="No TPU on this runtime.*Phone verification"):
+        runtimes.run("04_train_kaggle_tpu.ipynb", "no_tpu", "kaggle", data_dir=str(runtimes.kaggle_input / "data"))
+    with pytest.raises(papermill.PapermillExecutionError, match="No TPU on this runtime.*Change runtime type"):
+        runtimes.run("03_train_colab_tpu.ipynb", "no_tpu_colab", "colab", project_dir=str(runtimes.drive / "p"))
+    # 06 without the run: refused before anything is installed
+    with pytest.raises(papermill.PapermillExecutionError, match="The run's durable copy is not at") as caught:
+        runtimes.run("06_evaluate_and_export.ipynb", "no_run", project_dir=str(runtimes.drive / "empty"))
+    assert "Installing" not in str(caught.value) and "Stack:" not in outputs(runtimes.root / "executed" /
+                                                                          "06_evaluate_and_export.ipynb")
+
+
+def test_the_words_of_every_notebook_name_what_exists():
+    """A notebook's help (markdown cells, form help) names only notebooks, commands and parameters that exist."""
+    from tpu_pretrain.cli.parser import build_parser
+    from tpu_pretrain.config import all_fields
+
+    commands = set(next(a for a in build_parser()._actions if a.dest == "command").choices)
+    stems = {p.stem for p in NOTEBOOKS}
+    numbers = {stem[:2] for stem in stems}
+    problems = []
+    for path in NOTEBOOKS:
+        notebook_cells = cells(path)
+        tagged = next(c for c in notebook_cells if "parameters" in c.get("metadata", {}).get("tags", []))
+        names = {t.id for s in ast.parse("".join(tagged["source"])).body for t in s.targets}
+        known = names | set(all_fields())
+        words = "\n".join("".join(c["source"]) for c in notebook_cells if c["cell_type"] == "markdown")
+        words += "\n" + "\n".join(line for c in notebook_cells for line in "".join(c["source"]).splitlines()
+                                  if line.lstrip().startswith("#@markdown"))
+        words = re.sub(r"\(https?://[^)]*\)", "", words)  # the badges' links
+        problems += [f"{path.name}: notebook {n}" for n in re.findall(r"\b0\d_[a-z_]+[a-z]", words) if n not in stems]
+        problems += [f"{path.name}: notebook {n}" for n in re.findall(r"`(\d\d)`", words) if n not in numbers]
+        problems += [f"{path.name}: command {c}" for c in re.findall(r"tpu-pretrain ([a-z][a-z-]*)", words)
+                     if c not in commands]
+        problems += [f"{path.name}: parameter {n}" for n in re.findall(r"`([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`", words)
+                     if n not in known and n not in stems]
+    assert not problems, problems

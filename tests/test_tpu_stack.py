@@ -391,7 +391,7 @@ def test_tpu_check_with_a_non_tpu_tensorflow_on_a_tpu_vm_explains_the_real_error
     """ISTPUVM makes this machine look like a TPU VM: the standard build then fails as it does on one."""
     if TPU_BUILD:
         pytest.skip("the TPU build would look for a real TPU")
-    status, out = tpu_check(ISTPUVM="1")
+    status, out = tpu_check("--backend", "tensorflow", ISTPUVM="1")  # auto would take JAX on a TPU VM
     assert status == 1, out[-3000:]
     assert "No OpKernel was registered to support Op 'ConfigureDistributedTPU'" in out  # TensorFlow's own error
     assert "TPU check FAILED: tensorflow-tpu is not installed in this environment" in out

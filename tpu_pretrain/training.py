@@ -59,10 +59,12 @@ def check_not_past_the_end(output_dir: str, num_train_steps: int) -> None:
 def recorded_backend(output_dir: str) -> str | None:
     """The backend a run folder's run was started with (runs from before the setting: TensorFlow), or None."""
     run = RunFolder(output_dir)
-    if not run.config_file.is_file():
-        return None
-    backend = json.loads(run.config_file.read_text()).get("train", {}).get("backend")
-    backend = backend or SETTINGS_BEFORE_THEY_EXISTED["backend"]
+    return backend_in_settings(json.loads(run.config_file.read_text())) if run.config_file.is_file() else None
+
+
+def backend_in_settings(settings: dict) -> str | None:
+    """The backend a run's recorded settings (its config.json) name, or None where they leave it to ``auto``."""
+    backend = settings.get("train", {}).get("backend") or SETTINGS_BEFORE_THEY_EXISTED["backend"]
     return backend if backend != AUTO else None
 
 

@@ -114,7 +114,8 @@ class Manifest:
                 continue
             share = t["masked_tokens"] / max(t["real_tokens"], 1)
             nsp = t["random_next"] / max(t["instances"], 1)
-            fill = f" (fill {self.fill(split):.2f})" if self.fill(split) is not None else ""
+            packed = "packed, " if self.settings.get("pack_sequences") else ""
+            fill = f" ({packed}fill {self.fill(split):.2f})" if self.fill(split) is not None else ""
             lines.append(
                 f"{split}: {len(self.files(split))} shard(s), {t['documents']} documents, {t['tokens']} tokens, "
                 f"{t['instances']} instances{fill}, {t['masked_tokens']} masked ({share:.1%} of real tokens), "

@@ -35,6 +35,7 @@ from ..core.run_weights import (
     read_google_weights,
 )
 from ..core.tf_bundle import find_bundle_prefix, list_tensors
+from ..environment import BERT4KERAS_VERSION
 from ..errors import UserInputError
 from ..training import recorded_backend
 
@@ -139,7 +140,8 @@ def inference_backend(weights: str, trained_with: str | None = None, requested: 
         if backend and installed.get(backend):
             return backend
     raise UserInputError("Using a model needs a backend: pip install 'tpu_pretrain[jax]' (JAX and Keras 3) or "
-                         "'tpu_pretrain[tensorflow]'.")
+                         f"'tpu_pretrain[cpu]' (TensorFlow), then pip install --no-deps "
+                         f"bert4keras=={BERT4KERAS_VERSION}.")
 
 
 def build_inference(backend: str, config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,

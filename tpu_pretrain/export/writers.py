@@ -9,6 +9,7 @@ Hugging Face export of a JAX run needs neither TensorFlow nor JAX.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -133,11 +134,9 @@ def write_tf_checkpoint(prefix: str, weights: dict[str, np.ndarray]) -> None:
 def write_google_checkpoint(weights: dict[str, np.ndarray], config: BertConfig, output_dir: str | os.PathLike,
                             vocab_file: str) -> Path:
     """Google-named weights as ``bert_model.ckpt`` (written with TensorFlow), ``bert_config.json``, ``vocab.txt``."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("tensorflow") is None:  # checked without importing it (its start-up noise)
         raise UserInputError("format=tf writes a TensorFlow checkpoint and needs TensorFlow (pip install tensorflow); "
-                             "format=hf needs only NumPy.") from None
+                             "format=hf needs only NumPy.")
 
     def write(folder: Path) -> None:
         write_tf_checkpoint(str(folder / "bert_model.ckpt"), weights)

@@ -10,17 +10,30 @@ from .params import Parameters
 from .views import describe_runtime
 
 
-def check_accelerator(probe_tpu: bool = True) -> str:
-    """What will train here; on a TPU VM, the TPU environment installed and the TPU probed."""
+def check_accelerator(params: Parameters) -> str:
+    """What will train here; on a TPU VM, the backend training will use measured on it (JAX: the run's model size
+    and batch, sequences/s and MFU, saved to ``project_dir/accelerator_check.json``; TensorFlow: its TPU
+    environment installed and the TPU probed)."""
     if not tpu_vm_present():
         return (describe_runtime() + " No TPU here: training uses " + ("the GPU(s)." if "GPU" in describe_runtime()
                 else "the CPU (fine for the quickstart; for real pretraining pick a TPU runtime)."))
-    if not probe_tpu:
+    if not params.get("probe_tpu", True):
         return "TPU VM found; probe skipped."
+    from ..backend import JAX
+    from .runtime_setup import settle_backend
+    from .steps import run
+
+    backend = settle_backend(params.get("backend", "auto"))
+    if backend == JAX:
+        saved = storage.join(places.project_dir(params), "accelerator_check.json")
+        returncode = run(["tpu-check", "--backend", JAX, "--model_size", params.get("model_size", "L12-H768"),
+                          "--train_batch_size", str(params.get("train_batch_size", 128)), "--save", saved], JAX)
+        return "TPU ready: training will use it with JAX." if returncode == 0 else "The TPU is not usable: see above."
     from .steps import tpu_environment
 
-    returncode = tpu_environment().run(["tpu-check"])  # streamed here; on failure, the diagnosis follows
-    return "TPU ready: training will use it." if returncode == 0 else "The TPU is not usable yet: see above."
+    returncode = tpu_environment().run(["tpu-check", "--backend", "tensorflow"])  # on failure, the diagnosis follows
+    return ("TPU ready: training with TensorFlow will use it." if returncode == 0 else
+            "The TPU is not usable yet: see above.")
 
 
 def check_project(params: Parameters) -> str:

@@ -23,6 +23,7 @@ from ..storage import drive
 
 DRIVE_PROJECT = "/content/drive/MyDrive/tpu_pretrain"
 KAGGLE_WORKING = "/kaggle/working"
+KAGGLE_INPUT = "/kaggle/input"
 
 
 def default_project_dir() -> str:
@@ -54,6 +55,43 @@ def data_dir(params) -> str:
 def run_mirror(params) -> str:
     """The durable copy of the run named by ``run_name`` in the project."""
     return storage.join(project_dir(params), "runs", params.run_name)
+
+
+def kaggle_input() -> Path:
+    """Where Kaggle attaches inputs (``TPU_PRETRAIN_KAGGLE_INPUT`` moves it, for a simulated Kaggle)."""
+    return Path(os.environ.get("TPU_PRETRAIN_KAGGLE_INPUT", KAGGLE_INPUT))
+
+
+def attached_runs(run_name: str) -> list[str]:
+    """Runs named ``run_name`` in the outputs attached as Kaggle inputs (an earlier version's
+    ``tpu_pretrain/runs/<run_name>``, or one in any folder of an input), newest checkpoint first."""
+    if runtime() != KAGGLE or not kaggle_input().is_dir():
+        return []
+    found = {config.parent for config in kaggle_input().glob(f"**/runs/{run_name}/config.json")}
+    return [str(folder) for folder in sorted(found, key=_newest_step, reverse=True)]
+
+
+def _newest_step(run: Path) -> int:
+    from ..core.checkpoints import list_checkpoints
+
+    return max((c.step for c in list_checkpoints(run / "checkpoints")), default=-1)
+
+
+def run_source(params) -> str:
+    """Where the run ``run_name`` is continued from: ``resume_from``; else its durable copy in the project; else,
+    on Kaggle, an earlier version's output attached as an input (unless ``start_over``); else the durable copy it
+    will have."""
+    if params.get("resume_from"):
+        return params.resume_from
+    mirror = run_mirror(params)
+    if storage.exists(storage.join(mirror, "config.json")):
+        return mirror
+    attached = [] if params.get("start_over") else attached_runs(params.run_name)
+    if attached:
+        print(f"Found the run {params.run_name!r} in an attached input: {attached[0]}; it continues from there." +
+              (f" (Also attached, with older checkpoints: {', '.join(attached[1:])}.)" if attached[1:] else ""))
+        return attached[0]
+    return mirror
 
 
 def local_run_dir(params) -> str:

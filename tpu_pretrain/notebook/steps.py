@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 
 from .. import storage
+from ..backend import AUTO, TENSORFLOW
 from ..cli import EXIT_STOPPED_EARLY
 from ..config import TRAIN, step_settings
 from ..errors import UserInputError
-from ..runtime import COLAB, runtime, tpu_vm_present
+from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from ..storage import drive
+from ..training import recorded_backend
 from . import places
 from .params import Parameters
 from .views import LiveCurves
@@ -43,13 +45,14 @@ def tpu_environment():
     return prepare_tpu_environment()
 
 
-def run(arguments: list[str], curves: LiveCurves | None = None, refresh_seconds: float = 30.0) -> int:
-    """``tpu-pretrain ARGUMENTS`` with the Python that has the TensorFlow stack, streamed; its exit code.
+def run(arguments: list[str], backend: str | None = None, curves: LiveCurves | None = None,
+        refresh_seconds: float = 30.0) -> int:
+    """``tpu-pretrain ARGUMENTS`` for a run of ``backend``, streamed; its exit code.
 
-    On a TPU VM that is the TPU environment's Python (with its own variables), elsewhere, and for the JAX
-    backend (which uses the image's own JAX), this kernel's.
+    On a TPU VM a TensorFlow run's steps take the TPU environment's Python (with its own variables); everywhere
+    else, and for the JAX backend (the image's own JAX), this kernel's.
     """
-    if tpu_vm_present() and "--backend=jax" not in arguments:
+    if tpu_vm_present() and backend == TENSORFLOW:
         from ..tpu_env import child_environment
 
         environment = tpu_environment()
@@ -57,36 +60,47 @@ def run(arguments: list[str], curves: LiveCurves | None = None, refresh_seconds:
     return stream([sys.executable, "-m", "tpu_pretrain", *arguments], curves, refresh_seconds, dict(os.environ))
 
 
-def run_or_raise(arguments: list[str]) -> None:
+def run_or_raise(arguments: list[str], backend: str | None = None) -> None:
     """:func:`run`, raising with the step's name when it fails (its messages are already in the cell)."""
-    returncode = run(arguments)
+    returncode = run(arguments, backend)
     if returncode:
         raise UserInputError(f"`tpu-pretrain {arguments[0]}` failed (exit {returncode}); its messages are above.")
 
 
 def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seconds: float = 30.0) -> str:
-    """Train (or continue) the run ``params.run_name``; return its local folder.
+    """Train (or continue) the run ``params.run_name`` with the backend ``prepare_runtime`` settled; return its
+    local folder.
 
-    ``data_dir`` is the durable data folder; ``resume_from`` a durable copy of the run to continue when
-    this runtime has none (default: the project's mirror of the run).
+    ``data_dir`` is the durable data folder; ``resume_from`` a copy of the run to continue when this runtime has
+    none (default: where ``places.run_source`` finds it: the project's mirror, or on Kaggle an attached output).
     """
     mirror, run_dir = places.run_mirror(params), places.local_run_dir(params)
-    fetch_if_missing(run_dir, resume_from or mirror)
+    fetch_if_missing(run_dir, resume_from or places.run_source(params))
     arguments = ["train", "--data_dir", places.local_data(data_dir), "--output_dir", run_dir]
     if run_dir != mirror:
         arguments += ["--mirror_dir", mirror]
-    arguments += settings_flags(params, backend=training_backend(params.get("backend", "auto"), run_dir))
+    backend = params.get("backend", AUTO)
+    arguments += settings_flags(params, backend=backend)
     print(f"Training run {params.run_name!r} in {run_dir}" + (f", mirrored to {mirror}" if run_dir != mirror else ""))
     if run_dir != mirror:
         sign_in_to_delete_for_good(mirror)
-    returncode = run(arguments, LiveCurves(run_dir), refresh_seconds)
+    returncode = run(arguments, backend, LiveCurves(run_dir), refresh_seconds)
     if returncode == EXIT_STOPPED_EARLY:
         print(f"Stopped before the end (the session's deadline, an interrupt, or a durable copy in {mirror} that fell "
-              "behind: the messages above say which, and what to fix). Run this notebook (or 05_resume) again to "
-              "continue.")
+              f"behind: the messages above say which, and what to fix). {how_to_continue(params)}")
     elif returncode:
         raise UserInputError(f"Training failed (exit {returncode}); its last messages are above.")
     return run_dir
+
+
+def how_to_continue(params: Parameters) -> str:
+    """What to do in the next session to continue this run, on this platform."""
+    if runtime() == KAGGLE and not places.is_remote(places.run_mirror(params)):
+        return ("To continue: let this version finish saving (Save Version > Save & Run All keeps the output), then "
+                "in a new session attach this notebook's output as an input (Add Input > Your Work) and run it "
+                f"again: it finds the run {params.run_name!r} there and continues it (or give its folder as "
+                "resume_from in 05_resume).")
+    return "Run this notebook (or 05_resume) again to continue."
 
 
 def sign_in_to_delete_for_good(mirror: str) -> None:
@@ -122,7 +136,7 @@ def evaluate(run_dir: str, data_dir: str, sentences: list[str], top_k: int = 5) 
         arguments += ["--data_dir", places.local_data(data_dir)]
     else:
         print(f"No data at {data_dir!r}: held-out figures are skipped (fill-mask still runs).")
-    run_or_raise(arguments)
+    run_or_raise(arguments, recorded_backend(run_dir))
     return f"Results saved in {os.path.join(run_dir, 'evaluation.json')}."
 
 
@@ -130,7 +144,8 @@ def export(run_dir: str, destination: str | os.PathLike) -> Path:
     """The run's newest checkpoint as ``destination/hf`` (Hugging Face) and ``destination/tf`` (Google)."""
     destination = Path(destination)
     for format in ("hf", "tf"):
-        run_or_raise(["export", run_dir, "--format", format, "--output", str(destination / format)])
+        run_or_raise(["export", run_dir, "--format", format, "--output", str(destination / format)],
+                     recorded_backend(run_dir))
     return destination
 
 
@@ -142,24 +157,6 @@ def fetch_if_missing(run_dir: str, source: str) -> None:
         return
     fetch_run(source, run_dir)
     print(f"Fetched the run from {source}: it continues from its newest checkpoint.")
-
-
-def training_backend(requested: str, run_dir: str) -> str:
-    """The backend to train with, said with its reason: a run continues on the backend that started it; on a
-    TPU VM, ``auto`` takes the image's own JAX when the kernel's TensorFlow (if any) cannot use the TPU,
-    without installing anything (elsewhere the ``tpu-pretrain`` process decides ``auto`` itself)."""
-    from ..backend import AUTO, choose_backend
-    from ..training import recorded_backend
-
-    recorded = recorded_backend(run_dir) if requested == AUTO else None
-    if recorded:
-        print(f"Training backend: {recorded} (the backend this run was started with).")
-        return recorded
-    if requested == AUTO and tpu_vm_present():
-        backend, why = choose_backend(AUTO)
-        print(f"Training backend: {backend} ({why}).")
-        return backend
-    return requested
 
 
 def settings_flags(params: Parameters, backend: str = "") -> list[str]:

@@ -56,37 +56,6 @@ def verdict(result: dict, seconds: float) -> str:
             f"(loss {losses}); checkpoint saved and restored; {seconds:.0f} s.")
 
 
-def write_tiny_data(folder: Path, replicas: int) -> Path:
-    """Random BERT-schema shards and a vocab for the probe (enough for three global batches)."""
-    import numpy as np
-
-    from ..data.data_folder import MANIFEST, Manifest, ShardStats, shard_name
-    from ..data.tfrecord import AtomicRecordWriter, encode_examples
-
-    rng = np.random.default_rng(0)
-    n = 3 * 8 * replicas
-    ids = rng.integers(5, VOCAB, size=(n, SEQ))
-    ids[:, 0], ids[:, SEQ // 2], ids[:, -1] = 2, 3, 3
-    batch = {"input_ids": ids, "input_mask": np.ones((n, SEQ), np.int64),
-             "segment_ids": (np.arange(SEQ) > SEQ // 2).astype(np.int64)[None].repeat(n, 0),
-             "masked_lm_positions": np.sort(rng.choice(np.arange(1, SEQ // 2), (n, PRED)), axis=1),
-             "masked_lm_ids": rng.integers(5, VOCAB, size=(n, PRED)),
-             "masked_lm_weights": np.ones((n, PRED), np.float32),
-             "next_sentence_labels": rng.integers(0, 2, size=(n, 1))}
-    folder.mkdir(parents=True)
-    name = shard_name("train", 0, 1)
-    writer = AtomicRecordWriter(folder / name)
-    writer.write_all(encode_examples(batch))
-    writer.close()
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-                                                + [f"tok{i}" for i in range(VOCAB - 5)]) + "\n")
-    manifest = Manifest(settings={"max_seq_length": SEQ, "max_predictions_per_seq": PRED}, vocab_size=VOCAB,
-                        vocab_sha256="", inputs=[], corpus_report="random tokens for tpu-check",
-                        shards=[ShardStats(file=name, split="train", instances=n)])
-    (folder / MANIFEST).write_text(json.dumps(manifest.to_json()))
-    return folder
-
-
 def probe(folder: Path, cpu: bool) -> dict:
     """Connect, train two steps, save, perturb, restore and compare; what happened, as a dict."""
     import numpy as np
@@ -97,13 +66,15 @@ def probe(folder: Path, cpu: bool) -> dict:
         tf.config.set_logical_device_configuration(device, [tf.config.LogicalDeviceConfiguration()] * 2)
     from ..config import Config
     from ..core.checkpoints import CheckpointManager
+    from ..data.random_data import write_random_data_folder
     from .accelerator import detect_accelerator
     from .trainer import Trainer
 
     accelerator = detect_accelerator("cpu" if cpu else "tpu")  # XLA on a TPU; the TPU build has none for the CPU
     print(f"accelerator: {accelerator.describe()}", flush=True)
     (folder / "bert_config.json").write_text(json.dumps(TINY_BERT))
-    config = Config.load(data_dir=str(write_tiny_data(folder / "data", accelerator.num_replicas)),
+    data = write_random_data_folder(folder / "data", 3 * 8 * accelerator.num_replicas, SEQ, PRED, VOCAB)
+    config = Config.load(data_dir=data.data_dir,
                          output_dir=str(folder / "run"), bert_config_file=str(folder / "bert_config.json"),
                          train_batch_size=8 * accelerator.num_replicas, num_train_steps=3, num_warmup_steps=0,
                          learning_rate=1e-3, steps_per_execution=1, hidden_dropout_prob=0.0)

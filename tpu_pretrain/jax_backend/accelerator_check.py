@@ -1,0 +1,116 @@
+"""``tpu-pretrain tpu-check --backend jax``: what the JAX backend does on this accelerator, measured before a run.
+
+The check runs in a child process (``python -m tpu_pretrain.jax_backend.accelerator_check``), so the notebook
+kernel never holds the TPU: JAX's devices, then the real trainer on random tokens at the model size and batch
+the run will use: the first step (compilation) timed, then ``steps`` steps timed for sequences/s and MFU (against
+the chip's published peak where it is known), then a checkpoint saved, the weights changed by a step, and
+restored. Random tokens suffice: the speed of a step does not depend on the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SEQ, PRED, VOCAB = 128, 20, 30522  # BERT's phase-1 shape: what the free-TPU runs train
+RESULT = "result.json"
+
+
+def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", timeout: float = 1800.0) -> int:
+    """Run the check in a child process, its lines streamed; print the verdict (and save it to ``save``); 0 when
+    training works."""
+    from ..tpu_env import stream
+
+    with tempfile.TemporaryDirectory(prefix="accelerator-check-") as folder:
+        command = [sys.executable, "-m", __name__, folder, "--model_size", model_size, "--batch", str(batch),
+                   "--steps", str(steps)]
+        status, _ = stream(command, echo=lambda line: print("  " + line, end="", flush=True), timeout=timeout)
+        result_file = Path(folder, RESULT)
+        result = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    if status != 0 or not result.get("restored"):
+        reason = result.get("error") or f"the check ended with status {status} before reporting"
+        print(f"Accelerator check FAILED: {reason}", flush=True)
+        return 1
+    print(verdict(result), flush=True)
+    if save:
+        from .. import storage
+
+        storage.write_text(save, json.dumps(result, indent=2) + "\n")
+        print(f"Saved to {save}.", flush=True)
+    return 0
+
+
+def verdict(r: dict) -> str:
+    where = (f"Accelerator check passed on {r['device_kind']}" if r["kind"] != "cpu"
+             else "Accelerator check: no TPU or GPU here, the steps ran on the CPU")
+    mfu = (f", MFU {r['mfu']:.0%} of the {r['peak_tflops']:.0f} TFLOP/s {r['precision']} peak" if r.get("mfu")
+           else " (MFU: this device's peak is not known)")
+    return (f"{where} ({r['devices']}): {r['model_size']} at {SEQ} tokens, batch {r['batch']}: "
+            f"{r['sequences_per_second']:,.1f} sequences/s{mfu}; first step (compiling) {r['compile_seconds']:.0f} s; "
+            "checkpoint saved and restored.")
+
+
+def measure(folder: Path, model_size: str, batch: int, steps: int) -> dict:
+    """Train on random tokens with the real trainer; what it did, as a dict."""
+    import numpy as np
+
+    from ..config import Config
+    from ..core.bert_config import bert_config_for_size, training_flops_per_sequence
+    from ..core.checkpoints import CheckpointManager
+    from ..data.random_data import write_random_data_folder
+    from .trainer import JaxTrainer
+
+    data = write_random_data_folder(folder / "data", batch * (steps + 3), SEQ, PRED, VOCAB)
+    config = Config.load(data_dir=data.data_dir, output_dir=str(folder / "run"), backend="jax",
+                         model_size=model_size, train_batch_size=batch, num_train_steps=1000, num_warmup_steps=10)
+    trainer = JaxTrainer(config)
+    print(f"JAX devices: {trainer.devices.describe()}", flush=True)
+    start = time.perf_counter()
+    trainer.train_steps(1)
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    loss = trainer.train_steps(steps)["loss"]
+    rate = steps * batch / (time.perf_counter() - start)
+    print(f"{steps} steps of {batch} x {SEQ} tokens: {rate:.1f} sequences/s, loss {loss:.3f}", flush=True)
+    manager = CheckpointManager(folder / "run" / "checkpoints", trainer.checkpoint_state(), keep_max=1)
+    manager.save(trainer.step)
+    expected = trainer.google_weights()
+    trainer.train_steps(1)
+    manager.restore_latest()
+    restored = all(np.array_equal(w, expected[n]) for n, w in trainer.google_weights().items())
+    trainer.close()
+    flops = training_flops_per_sequence(bert_config_for_size(model_size, VOCAB), SEQ, PRED)
+    first = trainer.devices.devices[0]
+    result = {"kind": trainer.devices.kind, "device_kind": getattr(first, "device_kind", "?"),
+              "devices": trainer.devices.describe(), "precision": trainer.devices.precision,
+              "model_size": model_size, "batch": batch, "steps": steps, "compile_seconds": compile_seconds,
+              "sequences_per_second": rate, "tflops": rate * flops / 1e12, "loss": float(loss),
+              "restored": bool(restored and np.isfinite(loss))}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("--model_size", default="L12-H768")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    try:
+        result = measure(folder, args.model_size, args.batch, args.steps)
+        status = 0
+    except Exception as exc:  # reported to the parent, which gives the verdict
+        result = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        print(f"check failed: {result['error']}", flush=True)
+        status = 1
+    (folder / RESULT).write_text(json.dumps(result))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
