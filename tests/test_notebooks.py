@@ -204,6 +204,9 @@ def test_the_colab_tpu_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
     workdir, output = runtimes.run("06_evaluate_and_export.ipynb", "evaluate", "colab", project_dir=project,
                                    top_k=3)
     assert_jax_without_tensorflow(workdir, outputs(output))
+    assert "not the training shards" in outputs(output)  # only what evaluation reads was copied
+    copied = workdir / "work" / "eval_data"
+    assert list(copied.glob("*/eval-*")) and not list(copied.glob("*/train-*"))
     exported = {b.name for b in auth.storage_client().list_blobs(bucket, prefix="project/exports/bert/")}
     assert {"project/exports/bert/hf/model.safetensors", "project/exports/bert/tf/bert_model.ckpt.index"} <= exported
     assert "files.download" in (workdir / "colab.log").read_text()  # the zip offered to the browser

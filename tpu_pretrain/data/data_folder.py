@@ -200,35 +200,39 @@ class DataInfo:
         return path if os.path.isfile(path) else None
 
 
-def read_data_info(data_dir: str) -> DataInfo:
-    """Find the train/eval shards; read their shapes from the manifest, or from the first record."""
+def read_data_info(data_dir: str, splits: tuple[str, ...] = (TRAIN, EVAL)) -> DataInfo:
+    """Find the train/eval shards; read their shapes from the manifest, or from the first record.
+
+    ``splits``: the shards that must be present (evaluation needs only the eval shards and the manifest)."""
     if not data_dir:
         raise UserInputError("Set data_dir: the folder written by `tpu-pretrain create-data`.")
     if not os.path.isdir(data_dir):
         raise UserInputError(f"data_dir {data_dir} does not exist (run `tpu-pretrain create-data` first).")
     manifest = read_manifest(data_dir)
     if manifest is not None:
-        info = _info_from_manifest(data_dir, manifest)
+        info = _info_from_manifest(data_dir, manifest, splits)
     else:
         check_not_unfinished(data_dir)
         info = DataInfo(data_dir, sorted(glob.glob(os.path.join(data_dir, "train-*.tfrecord"))),
                         sorted(glob.glob(os.path.join(data_dir, "eval-*.tfrecord"))), 0, 0)
-    if not info.train_files:
+    if not info.train_files and TRAIN in splits:
         raise UserInputError(f"No training shards (train-*.tfrecord) in {data_dir}.")
     if not info.max_seq_length or not info.max_predictions_per_seq:
-        info.max_seq_length, info.max_predictions_per_seq = record_shapes(info.train_files[0])
+        info.max_seq_length, info.max_predictions_per_seq = record_shapes((info.train_files or info.eval_files)[0])
     return info
 
 
-def _info_from_manifest(data_dir: str, manifest: Manifest) -> DataInfo:
+def _info_from_manifest(data_dir: str, manifest: Manifest, splits: tuple[str, ...]) -> DataInfo:
     train = [os.path.join(data_dir, f) for f in manifest.files(TRAIN)]
     evals = [os.path.join(data_dir, f) for f in manifest.files(EVAL)]
-    missing = [f for f in train + evals if not os.path.isfile(f)]
+    missing = [os.path.join(data_dir, f) for split in splits for f in manifest.files(split)
+               if not os.path.isfile(os.path.join(data_dir, f))]
     if missing:
         raise UserInputError(f"{os.path.join(data_dir, MANIFEST)} lists shards that are missing: "
                              f"{', '.join(missing[:3])}; copy the whole data folder or run create-data again.")
     resized = [f"{s.file} ({os.path.getsize(os.path.join(data_dir, s.file))} bytes, the manifest says {s.bytes})"
-               for s in manifest.shards if s.bytes and os.path.getsize(os.path.join(data_dir, s.file)) != s.bytes]
+               for s in manifest.shards if s.split in splits and s.bytes
+               and os.path.getsize(os.path.join(data_dir, s.file)) != s.bytes]
     if resized:
         raise UserInputError(f"Shards in {data_dir} are truncated or were replaced: {'; '.join(resized[:3])}. Copy "
                              "the data folder again, or run create-data again (it rewrites what does not match).")

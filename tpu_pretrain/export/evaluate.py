@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.metrics import add_sums, metrics_from_sums
 from ..core.run_folder import EVALUATION, RunFolder
-from ..data.data_folder import feature_shapes, read_data_info
+from ..data.data_folder import EVAL, feature_shapes, read_data_info
 from ..data.tfrecord import decode_examples, read_records
 from ..errors import UserInputError
 from ..storage.local import check_writable_folder, write_text_atomic
@@ -101,7 +101,7 @@ def eval_sums(trained: TrainedModel, files: list[str], batch_size: int, max_batc
 def held_out_metrics(trained: TrainedModel, data_dir: str, batch_size: int | None,
                      max_eval_steps: int | None) -> tuple[dict | None, int]:
     """(metrics, eval sequences read) on a data folder's eval shards; (None, 0) when there are none."""
-    info = read_data_info(data_dir)
+    info = read_data_info(data_dir, splits=(EVAL,))  # the training shards need not be here
     if (info.max_seq_length, info.max_predictions_per_seq) != (trained.max_seq_length,
                                                                trained.max_predictions_per_seq):
         raise UserInputError(f"The data in {data_dir} has max_seq_length={info.max_seq_length}, "

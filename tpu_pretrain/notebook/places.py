@@ -12,6 +12,7 @@ mirrored runs) and ``exports/<name>/``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -111,6 +112,23 @@ def local_data(path: str) -> str:
     local = work_dir() / "data" / hashlib.sha256(path.encode()).hexdigest()[:12]
     print(f"Copying the data from {path} to this runtime's disk ({local}):")
     print(storage.sync(path, str(local), progress=True).text())
+    return str(local)
+
+
+def local_eval_data(path: str) -> str:
+    """A local folder with what evaluation reads of the data at ``path`` (its manifest, vocab and eval shards):
+    itself, or those files copied from a bucket or Drive, not the training shards."""
+    from ..data.data_folder import EVAL, MANIFEST, VOCAB, Manifest
+
+    if not is_remote(path):
+        return path
+    local = work_dir() / "eval_data" / hashlib.sha256(path.encode()).hexdigest()[:12]
+    manifest = Manifest.from_json(json.loads(storage.read_text(storage.join(path, MANIFEST))))
+    names = [MANIFEST, VOCAB, *manifest.files(EVAL)]
+    print(f"Copying the eval shards of {path} to this runtime's disk ({len(names) - 2} shard(s); not the training "
+          "shards):")
+    for name in names:
+        storage.copy(storage.join(path, name), str(local / name), progress=False)
     return str(local)
 
 

@@ -133,7 +133,7 @@ def evaluate(run_dir: str, data_dir: str, sentences: list[str], top_k: int = 5) 
     for sentence in sentences:
         arguments += ["--sentence", sentence]
     if data_dir and storage.exists(data_dir):
-        arguments += ["--data_dir", places.local_data(data_dir)]
+        arguments += ["--data_dir", places.local_eval_data(data_dir)]
     else:
         print(f"No data at {data_dir!r}: held-out figures are skipped (fill-mask still runs).")
     run_or_raise(arguments, recorded_backend(run_dir))
