@@ -174,14 +174,19 @@ def strip_accents(text: str) -> str:
     return decomposed.translate(_combining_marks())
 
 
-_COMBINING: dict[int, None] | None = None
+class _CombiningMarks(dict):
+    """A str.translate table deleting every non-spacing mark (category Mn), filled in as characters are met:
+    building it whole for all of Unicode costs half a second in every process."""
+
+    def __missing__(self, cp: int):
+        self[cp] = value = None if unicodedata.category(chr(cp)) == "Mn" else cp
+        return value
 
 
-def _combining_marks() -> dict[int, None]:
-    """A str.translate table deleting every non-spacing mark (category Mn); built once."""
-    global _COMBINING
-    if _COMBINING is None:
-        _COMBINING = {cp: None for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) == "Mn"}
+_COMBINING = _CombiningMarks()
+
+
+def _combining_marks() -> dict[int, int | None]:
     return _COMBINING
 
 
