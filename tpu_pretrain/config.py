@@ -41,9 +41,10 @@ def _f(default, help_text: str, steps: tuple[str, ...] = (), pins: tuple[str, ..
 class CorpusConfig:
     """How raw text is read and normalised."""
 
-    input: list[str] = _f([], "Corpus files, globs, folders or URLs (.txt; gzip, bzip2, xz or zip). https:// and "
-                          "gs:// URLs are fetched once into the cache; append #sha256=<hex> to check the file.",
-                          steps=CORPUS_STEPS)
+    input: list[str] = _f([], "Corpus files, globs, folders or URLs (.txt; gzip, bzip2, xz, zip; .parquet, a row a "
+                          "document: 'f.parquet?column=body'), or a Hub dataset, streamed: 'hf://datasets/OWNER/NAME"
+                          "[@REV][/CONFIG][?split=train&column=text]'. URLs are fetched once into the cache; append "
+                          "#sha256=<hex> to check the file.", steps=CORPUS_STEPS)
     encoding: str = _f("utf-8", "Text encoding of the corpus files (e.g. latin-1, cp1252, gbk).",
                        steps=CORPUS_STEPS, pins=(DATA,))
     doc_separator: str = _f("", "A line that separates documents (e.g. '%'); blank lines always do.",
@@ -60,6 +61,9 @@ class CorpusConfig:
                             steps=CORPUS_STEPS, pins=(DATA,))
     max_line_length: int = _f(20000, "Lines longer than this many characters are dropped and counted.",
                               steps=CORPUS_STEPS, pins=(DATA,))
+    max_documents: int = _f(0, "Read only this many documents (0: all): a first try.", steps=CORPUS_STEPS, pins=(DATA,))
+    max_bytes: int = _f(0, "Stop at a document end past this many bytes of text (0: all).", steps=CORPUS_STEPS,
+                        pins=(DATA,))
 
 
 @dataclass
@@ -376,16 +380,10 @@ def pinned_settings(what: str) -> tuple[str, ...]:
     return tuple(name for name, f in all_fields().items() if what in f.metadata["pins"])
 
 
-_FIELD_SECTION: dict[str, str] = {
-    f.name: name for name, section in SECTIONS.items() for f in dataclasses.fields(section)
-}
+_FIELD_SECTION: dict[str, str] = {f.name: name for name, sec in SECTIONS.items() for f in dataclasses.fields(sec)}
 assert len(_FIELD_SECTION) == sum(len(dataclasses.fields(s)) for s in SECTIONS.values()), "duplicate names"
-_FIELD_TYPES: dict[str, Any] = {
-    name: typing.get_type_hints(section)[f.name]
-    for section in SECTIONS.values()
-    for f in dataclasses.fields(section)
-    for name in [f.name]
-}
+_FIELD_TYPES: dict[str, Any] = {f.name: typing.get_type_hints(section)[f.name]
+                                for section in SECTIONS.values() for f in dataclasses.fields(section)}
 
 
 def field_type(key: str) -> Any:

@@ -63,6 +63,8 @@ def _check_data(d, m) -> None:
 
 def _check_corpus_and_vocab(c, v) -> None:
     _require(c.max_line_length >= 1, "max_line_length", c.max_line_length, "use a positive character count")
+    _require(c.max_documents >= 0, "max_documents", c.max_documents, "use 0 (all) or a positive count")
+    _require(c.max_bytes >= 0, "max_bytes", c.max_bytes, "use 0 (no limit) or a positive byte count")
     try:
         ascii_compatible = "\n".encode(c.encoding) == b"\n"
     except LookupError:

@@ -43,7 +43,10 @@ ENVIRONMENT_OVERRIDES = {
     "TF_CONFIG": "TensorFlow's cluster description for training on several machines (instead of --worker_hosts).",
     "TPU_PRETRAIN_CACHE_DIR": "Where resumable-upload sessions are remembered, corpus URLs are downloaded and the TPU "
                               "environment is built (default ~/.cache/tpu_pretrain).",
-    "HF_TOKEN": "A Hugging Face token for pushing an export to the Hub (on Colab and Kaggle: a secret of that name).",
+    "HF_TOKEN": "A Hugging Face token for pushing an export to the Hub and reading private or gated datasets "
+                "(on Colab and Kaggle: a secret of that name).",
+    "TPU_PRETRAIN_HUB_MIRROR": "Read hf://datasets/OWNER/NAME inputs from this local folder laid out as the Hub "
+                               "(datasets/OWNER/NAME/...) instead of the Hub: an offline copy, and the tests.",
 }
 
 

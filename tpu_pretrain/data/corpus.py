@@ -1,14 +1,18 @@
 """Read a raw text corpus as a stream of normalised documents.
 
 Input follows the original BERT scripts: one sentence (or paragraph) per line, a blank line between
-documents; a configurable separator line (e.g. ``%``) also ends a document. Files are streamed line
-by line, never loaded whole, so corpus size does not bound memory. Small problems in the input (a few
-undecodable bytes, over-long lines, empty files) are counted and reported with their location; a file
-that is not text at all is refused before the work starts (:mod:`.corpus_files`).
+documents; a configurable separator line (e.g. ``%``) also ends a document. Parquet tables (local files,
+a Hub dataset: :mod:`.corpus_tables`, :mod:`.hub_datasets`) give one document a row, its text's lines
+its sentences, so the same text as rows or as a file makes the same documents. Input is streamed,
+never loaded whole, so corpus size does not bound memory; ``max_documents``/``max_bytes`` stop early.
+Small problems in the input (a few undecodable bytes, over-long lines, empty files or rows) are counted
+and reported with their location; a file that is not text at all is refused before the work starts
+(:mod:`.corpus_files`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -23,10 +27,12 @@ from ..config import CorpusConfig
 from ..errors import UserInputError
 from ..storage.download import fetch, is_remote
 from .corpus_files import DAMAGED_STREAM, check_text_file, open_corpus_file, read_error
+from .corpus_tables import TableFile, check_table, is_parquet, split_options, table_rows
+from .hub_datasets import dataset_tables, is_hub_url
 
 log = logging.getLogger(__name__)
 
-CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz", ".zip")
+CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz", ".zip", ".parquet")
 _EXAMPLES_KEPT = 5
 _SKIP = object()  # a line that is dropped without ending a document
 
@@ -52,6 +58,8 @@ class CorpusStats:
     files: int = 0
     empty_files: list[str] = field(default_factory=list)
     lines: int = 0
+    rows: int = 0
+    empty_rows: int = 0
     documents: int = 0
     sentences: int = 0
     characters: int = 0
@@ -68,7 +76,7 @@ class CorpusStats:
             kept.append(where)
 
     def report(self) -> str:
-        counts = [f"{self.files} file(s)", f"{self.lines} lines"]
+        counts = [f"{self.files} file(s)"] + [f"{self.rows} rows"] * bool(self.rows) + [f"{self.lines} lines"]
         if self.documents:
             counts += [f"{self.documents} documents", f"{self.sentences} sentences"]
         parts = [", ".join(counts + [f"{self.characters} characters"])]
@@ -78,6 +86,7 @@ class CorpusStats:
             (f"over-long lines dropped (over max_line_length={self.max_line_length} characters; raise "
              "--max_line_length to keep them)", self.too_long_lines, "too_long"),
             ("duplicate lines dropped", self.duplicate_lines, "duplicate"),
+            ("empty or null rows", self.empty_rows, "empty_row"),
         ):
             if count:
                 where = ", ".join(self.examples.get(kind, []))
@@ -87,32 +96,48 @@ class CorpusStats:
         return "; ".join(parts)
 
 
-def expand_inputs(inputs: Iterable[str]) -> list[str]:
-    """Files named by paths, globs, folders (every .txt/.gz inside, recursively) or URLs (fetched once)."""
-    files: list[str] = []
+def expand_inputs(inputs: Iterable[str]) -> list[str | TableFile]:
+    """Text files and checked parquet tables named by paths, globs, folders (every corpus file inside,
+    recursively), URLs (fetched once) or Hub datasets (``hf://datasets/...``)."""
+    files: list[str | TableFile] = []
     for item in inputs:
         item = os.path.expanduser(str(item))
-        if is_remote(item):
-            files.append(str(fetch(item)))
-        elif os.path.isdir(item):
-            found = sorted(
-                str(p) for p in Path(item).rglob("*") if p.is_file() and p.name.lower().endswith(CORPUS_SUFFIXES)
-            )
-            if not found:
-                raise UserInputError(f"Corpus folder '{item}' holds no {', '.join(CORPUS_SUFFIXES)} files.")
-            files.extend(found)
-        elif glob.has_magic(item):
-            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
-            if not found:
-                raise UserInputError(f"Corpus pattern '{item}' matches no file.")
-            files.extend(found)
-        elif os.path.isfile(item):
-            files.append(item)
-        else:
-            raise UserInputError(f"Corpus input '{item}' does not exist (check the path given to --input).")
+        if is_hub_url(item):
+            files.extend(dataset_tables(item))
+            continue
+        item, options = split_options(item)
+        if options.get("split"):
+            raise UserInputError(f"--input {item}?split=...: a split is chosen only in a Hub dataset (hf://datasets/"
+                                 "...); give the files of that split.")
+        files += [check_table(TableFile(p, options.get("column", ""))) if is_parquet(p) else p
+                  for p in _local_files(item)]
     if not files:
         raise UserInputError("No corpus input given: pass one or more files, globs or folders with --input.")
-    return list(dict.fromkeys(files))  # keep order, drop repeats
+    unique: dict[str, str | TableFile] = {}
+    for source in files:  # keep order, drop repeats
+        unique.setdefault(source.name if isinstance(source, TableFile) else source, source)
+    return list(unique.values())
+
+
+def _local_files(item: str) -> list[str]:
+    """The local files one path, glob, folder or URL names."""
+    if is_remote(item):
+        return [str(fetch(item))]
+    if os.path.isdir(item):
+        found = sorted(
+            str(p) for p in Path(item).rglob("*") if p.is_file() and p.name.lower().endswith(CORPUS_SUFFIXES)
+        )
+        if not found:
+            raise UserInputError(f"Corpus folder '{item}' holds no {', '.join(CORPUS_SUFFIXES)} files.")
+        return found
+    if glob.has_magic(item):
+        found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+        if not found:
+            raise UserInputError(f"Corpus pattern '{item}' matches no file.")
+        return found
+    if os.path.isfile(item):
+        return [item]
+    raise UserInputError(f"Corpus input '{item}' does not exist (check the path given to --input).")
 
 
 class TextNormalizer:
@@ -149,14 +174,19 @@ def strip_accents(text: str) -> str:
     return decomposed.translate(_combining_marks())
 
 
-_COMBINING: dict[int, None] | None = None
+class _CombiningMarks(dict):
+    """A str.translate table deleting every non-spacing mark (category Mn), filled in as characters are met:
+    building it whole for all of Unicode costs half a second in every process."""
+
+    def __missing__(self, cp: int):
+        self[cp] = value = None if unicodedata.category(chr(cp)) == "Mn" else cp
+        return value
 
 
-def _combining_marks() -> dict[int, None]:
-    """A str.translate table deleting every non-spacing mark (category Mn); built once."""
-    global _COMBINING
-    if _COMBINING is None:
-        _COMBINING = {cp: None for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) == "Mn"}
+_COMBINING = _CombiningMarks()
+
+
+def _combining_marks() -> dict[int, int | None]:
     return _COMBINING
 
 
@@ -188,30 +218,72 @@ class CorpusReader:
     """Streams documents (lists of sentences) from corpus files; :attr:`stats` says what it met."""
 
     def __init__(self, inputs: Iterable[str], config: CorpusConfig, do_lower_case: bool = False):
-        self.files = expand_inputs(inputs)
-        for path in self.files:
-            check_text_file(path, config.encoding)
+        self.sources = expand_inputs(inputs)
+        self.files = [s.name if isinstance(s, TableFile) else s for s in self.sources]  # as messages name them
+        for source in self.sources:
+            if not isinstance(source, TableFile):
+                check_text_file(source, config.encoding)
         self.config = config
         self.normalize = TextNormalizer(config, do_lower_case)
         self.stats = CorpusStats(max_line_length=self.config.max_line_length)
+        self.rows_read: list[int | None] = [0 if isinstance(s, TableFile) else None for s in self.sources]
         self._seen: set[int] | None = set() if config.dedupe_lines else None
 
     def lines(self) -> Iterator[str | None]:
-        """Normalised lines; ``None`` marks a document boundary."""
-        for path in self.files:
+        """Normalised lines; ``None`` marks a document boundary. Stops at a boundary once the
+        ``max_documents`` or ``max_bytes`` cap is reached."""
+        max_documents, max_bytes = self.config.max_documents, self.config.max_bytes
+        ended, filled = 0, False
+        for index, source in enumerate(self.sources):
             self.stats.files += 1
-            number = 0
-            try:
-                with open_corpus_file(path) as handle:
-                    for number, raw in enumerate(handle, 1):
-                        line = self._line(raw, path, number)
-                        if line is not _SKIP:
-                            yield line
-            except DAMAGED_STREAM as exc:
-                raise read_error(path, exc, f"after line {number}") from None
-            if not number:
-                self.stats.empty_files.append(path)
-            yield None  # a file always ends a document
+            stream = self._table_lines(index, source) if isinstance(source, TableFile) else self._file_lines(source)
+            with contextlib.closing(stream):
+                for line in stream:
+                    if line is not None:
+                        filled = True
+                    elif filled:
+                        ended, filled = ended + 1, False
+                        if (max_documents and ended >= max_documents) or \
+                                (max_bytes and self.stats.input_bytes >= max_bytes):
+                            yield None
+                            return
+                    yield line
+
+    def _file_lines(self, path: str) -> Iterator[str | None]:
+        number = 0
+        try:
+            with open_corpus_file(path) as handle:
+                for number, raw in enumerate(handle, 1):
+                    line = self._line(raw, path, number)
+                    if line is not _SKIP:
+                        yield line
+        except DAMAGED_STREAM as exc:
+            raise read_error(path, exc, f"after line {number}") from None
+        if not number:
+            self.stats.empty_files.append(path)
+        yield None  # a file always ends a document
+
+    def _table_lines(self, index: int, table: TableFile) -> Iterator[str | None]:
+        """A row's lines, then a boundary: blank lines inside a row do not end its document."""
+        stats = self.stats
+        for row, text, size in table_rows(table):
+            self.rows_read[index] = row + 1
+            stats.rows += 1
+            stats.input_bytes += size + 1
+            kept = False
+            for raw in (text or "").split("\n"):
+                stats.lines += 1
+                line = self._text(raw, table.name, row, " row ")
+                if line is not None and line is not _SKIP:
+                    kept = True
+                    yield line
+            if kept:
+                yield None
+            else:
+                stats.empty_rows += 1
+                stats.note("empty_row", f"{table.name} row {row}")
+        if not table.rows:
+            stats.empty_files.append(table.name)
 
     def _line(self, raw: bytes, path: str, number: int):
         """One raw line counted, decoded, checked, normalised: the line, ``None`` (a boundary) or ``_SKIP``."""
@@ -224,9 +296,14 @@ class CorpusReader:
             text = raw.decode(cfg.encoding, errors="ignore")
             stats.undecodable_lines += 1
             stats.note("undecodable", f"{path}:{number}")
+        return self._text(text, path, number)
+
+    def _text(self, text: str, path: str, number: int, at: str = ":"):
+        """One decoded line checked and normalised (problems located as ``path{at}number``)."""
+        cfg, stats = self.config, self.stats
         if len(text) > cfg.max_line_length:
             stats.too_long_lines += 1
-            stats.note("too_long", f"{path}:{number}")
+            stats.note("too_long", f"{path}{at}{number}")
             return _SKIP
         stripped = text.strip()
         separator = cfg.doc_separator.strip()
@@ -239,7 +316,7 @@ class CorpusReader:
             key = hash(line)  # 64-bit: a collision among distinct lines is negligible
             if key in self._seen:
                 stats.duplicate_lines += 1
-                stats.note("duplicate", f"{path}:{number}")
+                stats.note("duplicate", f"{path}{at}{number}")
                 return _SKIP
             self._seen.add(key)
         return line

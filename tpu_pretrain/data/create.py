@@ -42,6 +42,7 @@ from ..runtime import sigterm_as_interrupt
 from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
+from .corpus_tables import TableFile, table_input
 from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats, sha256_file
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
 from .vocab import load_vocab, vocab_sha256
@@ -80,8 +81,9 @@ def plan_data(config: Config) -> DataPlan:
     vocab = load_vocab(d.vocab_file)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
-    inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256": sha256_file(p)}
-              for p in reader.files]
+    inputs = [table_input(s) if isinstance(s, TableFile) else
+              {"path": os.path.abspath(s), "bytes": os.path.getsize(s), "sha256": sha256_file(s)}
+              for s in reader.sources]
     if d.num_shards == 0:
         settings["num_shards"] = auto_num_shards(sum(i["bytes"] for i in inputs))
     settings["max_predictions_per_seq"] = max_predictions(d.max_seq_length, d.max_predictions_per_seq,
@@ -136,8 +138,10 @@ def shard_tasks(plan: DataPlan, partition: dict, out: str, work: str) -> list[Sh
 
 def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: float) -> Manifest:
     """Write the manifest (and the data folder's own vocab.txt) once every shard is written."""
+    rows = partition.get("rows_read") or [None] * len(plan.inputs)
+    inputs = [i if n is None else i | {"rows": n} for i, n in zip(plan.inputs, rows, strict=True)]  # rows used
     manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
-                        inputs=plan.inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds)
+                        inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds)
     text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
     if is_gcs_url(plan.out):
         from .. import storage
@@ -226,9 +230,9 @@ def check_existing(out: Path, identity: dict, vocab_file: str = "") -> None:
 
 def identity_differences(previous: dict, identity: dict) -> list[str]:
     """What differs between two data identities: settings, vocab, format and the corpus by content."""
-    differences = [f"{key}: {(previous.get('settings') or {}).get(key)!r} there, {value!r} now"
-                   for key, value in identity["settings"].items()
-                   if (previous.get("settings") or {}).get(key) != value]
+    before = {key: Config().get(key) for key in identity["settings"]} | (previous.get("settings") or {})
+    differences = [f"{key}: {before.get(key)!r} there, {value!r} now"  # a setting added since: its default there
+                   for key, value in identity["settings"].items() if before.get(key) != value]
     if previous.get("vocab_sha256") != identity["vocab_sha256"]:
         differences.append("vocab_file: a different vocab")
     differences += _input_differences(previous.get("inputs") or [], identity["inputs"])
@@ -283,6 +287,7 @@ class Dealer:
             "documents": dict(self.counts),
             "shard_counts": {"train": self.num_train, "eval": self.num_eval if self.counts["eval"] else 0},
             "corpus_report": reader.stats.report(),
+            "rows_read": reader.rows_read,
         }
 
 
@@ -293,7 +298,7 @@ def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict)
     dealer = Dealer(settings)
     handles = {("train", i): open(work / f"train-{i}.txt", "w", encoding="utf-8") for i in range(dealer.num_train)}
     handles |= {("eval", i): open(work / f"eval-{i}.txt", "w", encoding="utf-8") for i in range(dealer.num_eval)}
-    total_bytes = sum(os.path.getsize(f) for f in reader.files)
+    total_bytes = sum(i["bytes"] for i in identity["inputs"])
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="reading corpus", disable=None)
     try:
         for split, index, doc in dealer.deal(reader.documents()):

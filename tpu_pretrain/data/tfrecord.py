@@ -41,7 +41,10 @@ def _packed_varints(values: np.ndarray) -> list[bytes]:
     """Each row of a non-negative int matrix as protobuf packed varints (vectorised over the batch)."""
     v = values.astype(np.uint64, copy=False)
     nbytes = np.ones(v.shape, dtype=np.int64)
+    largest = int(v.max()) if v.size else 0
     for k in range(1, 10):
+        if largest < 1 << (7 * k):  # no value needs more bytes: skip the remaining full passes
+            break
         nbytes += v >= np.uint64(1 << (7 * k))
     max_bytes = int(nbytes.max()) if v.size else 1
     shifts = (np.arange(max_bytes, dtype=np.uint64) * np.uint64(7))[None, None, :]
