@@ -221,9 +221,14 @@ def test_the_kaggle_tpu_path_without_a_bucket(runtimes, bucket):
     corpus.mkdir()
     from tpu_pretrain.data.sample_corpus import write_sample_corpus
 
-    write_sample_corpus(corpus / "corpus.txt", max_chars=120_000)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    text = write_sample_corpus(runtimes.root / "corpus.txt", max_chars=120_000).read_text()
+    documents = [d for d in text.split("\n\n") if d.strip()]  # a Kaggle dataset of rows, one document each
+    pq.write_table(pa.table({"id": list(range(len(documents))), "text": documents}), corpus / "corpus.parquet")
     working = "working/tpu_pretrain"  # the notebook's /kaggle/working
-    workdir, _ = runtimes.run("01_prepare_data.ipynb", "prepare", "kaggle", corpus=str(corpus),
+    workdir, _ = runtimes.run("01_prepare_data.ipynb", "prepare", "kaggle", corpus=str(corpus / "*.parquet"),
                               project_dir=str(runtimes.root / "prepare" / working), vocab_size=2000,
                               dupe_factor=1, max_seq_length=64)
     data = runtimes.save_version(workdir, "prepare-output") / "tpu_pretrain" / "data"
