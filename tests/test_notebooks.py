@@ -219,10 +219,10 @@ def test_the_kaggle_tpu_path_without_a_bucket(runtimes, bucket):
     its earlier output and continues it without being told."""
     corpus = runtimes.kaggle_input / "my-corpus"
     corpus.mkdir()
-    from tpu_pretrain.data.sample_corpus import write_sample_corpus
-
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
 
     text = write_sample_corpus(runtimes.root / "corpus.txt", max_chars=120_000).read_text()
     documents = [d for d in text.split("\n\n") if d.strip()]  # a Kaggle dataset of rows, one document each
