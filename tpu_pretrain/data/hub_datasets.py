@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..environment import environment_override
 from ..errors import UserInputError
-from ..runtime import KAGGLE, runtime
+from ..runtime import COLAB, KAGGLE, runtime
 from .corpus_tables import TableFile, check_table, split_options
 
 HUB_PREFIX = "hf://datasets/"
@@ -60,15 +60,19 @@ def parse_hub_url(url: str) -> HubDataset:
 
 
 def hub_token() -> str | None:
-    """A Kaggle secret named HF_TOKEN, else the HF_TOKEN variable; None lets huggingface_hub look (Colab's
-    secret, ``hf auth login``)."""
-    if runtime() == KAGGLE:
-        try:
+    """The HF_TOKEN secret of Colab or Kaggle, else the HF_TOKEN variable; None lets huggingface_hub look
+    (``hf auth login``). Never printed or recorded."""
+    try:
+        if runtime() == COLAB:
+            from google.colab import userdata  # type: ignore[import-not-found]
+
+            return userdata.get("HF_TOKEN")
+        if runtime() == KAGGLE:
             from kaggle_secrets import UserSecretsClient  # type: ignore[import-not-found]
 
             return UserSecretsClient().get_secret("HF_TOKEN")
-        except Exception:  # no such secret attached
-            pass
+    except Exception:  # no such secret, or access not granted to this notebook
+        return None
     return environment_override("HF_TOKEN")
 
 

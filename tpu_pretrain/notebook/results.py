@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..environment import environment_override
+from ..data.hub_datasets import hub_token
 from ..errors import UserInputError
 from ..runtime import COLAB, KAGGLE, runtime
 
@@ -67,22 +67,3 @@ def push_to_hub(folder: str | os.PathLike, repo_id: str, token: str | None = Non
     api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
                       commit_message="Upload a BERT pretrained with tpu_pretrain")
     return f"Pushed {folder} to https://huggingface.co/{repo_id} ({'private' if private else 'public'})."
-
-
-def hub_token() -> str | None:
-    """The HF_TOKEN secret of Colab or Kaggle, else the HF_TOKEN variable."""
-    if runtime() == COLAB:
-        try:
-            from google.colab import userdata  # type: ignore[import-not-found]
-
-            return userdata.get("HF_TOKEN")
-        except Exception:  # no such secret, or access not granted to this notebook
-            return None
-    if runtime() == KAGGLE:
-        try:
-            from kaggle_secrets import UserSecretsClient  # type: ignore[import-not-found]
-
-            return UserSecretsClient().get_secret("HF_TOKEN")
-        except Exception:  # no such secret attached
-            return None
-    return environment_override("HF_TOKEN")
