@@ -75,7 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed steps (a multiple of steps_per_execution)")
     parser.add_argument("--steps_per_execution", type=int, default=1)
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
-    parser.add_argument("--peak_tflops", type=float, default=0.0, help="the devices' peak, all together, to state MFU against")
+    parser.add_argument("--peak_tflops", type=float, default=0.0,
+                        help="the devices' peak, all together, to state MFU against")
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
     args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
