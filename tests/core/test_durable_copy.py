@@ -88,7 +88,7 @@ def test_a_run_that_would_fill_drive_keeps_within_it_and_its_copy_current(data_d
                         r"used\): 3 fit in .*; keeping 1 \(2 while copying\) leaves", next(
                             line for line in caplog.messages if line.startswith("Checkpoints:")))
         # Never more than mirror_max_lag=2 saves (of 2 steps) behind, besides the save the line comes before.
-        lags = [int(s) - int(d) for s, d in re.findall(r"step (\d+)/40 \(durable step (\d+)", caplog.text)]
+        lags = [int(s) - int(d) for s, d in re.findall(r"step (\d+)/40: .*; durable step (\d+)", caplog.text)]
         assert len(lags) >= saves - 3 and max(lags) <= 6 and "failed" not in caplog.text
         copy = double.my_drive / "run" / "checkpoints"
         assert sorted(p.name for p in copy.iterdir()) == ["ckpt-000000001", "ckpt-000000040", "latest"]
