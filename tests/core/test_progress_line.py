@@ -98,13 +98,15 @@ def check_resumed_lines(lines: list[str], run: Path, resumed_at: int, saved_rate
     assert first["saved"] == f"saved step {resumed_at}"
 
 
-def test_the_line_of_a_resumed_tensorflow_run_streamed_into_a_cell(data_dir, tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_the_line_of_a_resumed_run_streamed_into_a_cell(backend, data_dir, tmp_path, capsys):
+    pytest.importorskip(backend)
     from tpu_pretrain.notebook.steps import stream
 
     run = tmp_path / "run"
     # A CPU's peak is not published: state one, so the line has an MFU. Calls of 4 steps: the first line after
     # the resume follows the session's first call alone (which compiles), so its rate is the run's own, as saved.
-    extra = ["--backend", "tensorflow", "--peak_tflops", "1", "--steps_per_execution", "4"]
+    extra = ["--backend", backend, "--peak_tflops", "1", "--steps_per_execution", "4"]
     command = train_command(data_dir, run, steps=STEPS, extra=extra)
     stop_after_a_save(command, run)
     resumed_at, saved_rate = newest_checkpoint(run)
