@@ -8,7 +8,8 @@ NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, th
 and its input pipeline. FLOPs per sequence:
 :func:`tpu_pretrain.core.bert_config.training_flops_per_sequence`.
 MFU is stated against (1) ``--peak_tflops`` if given, else the accelerator's published dense peak for the
-precision when the device is known, and (2) a large matmul in the training precision measured here.
+precision when the device is known (:mod:`tpu_pretrain.core.peaks`: one device's times the number of
+devices, which the sequences/s are measured over), and (2) a large matmul in the training precision measured here.
 The input pipeline is timed alone too: it must produce sequences faster than the step consumes them.
 ``--smoke``: L2-H128 on a tiny vocab for a few steps, a short matmul reading (seconds; meaningless figures).
 """
@@ -29,11 +30,7 @@ from support import parse_args, write_random_data_folder  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
-
-# Published dense peaks per device, TFLOP/s: (bfloat16, float32 or TF32 as XLA uses it).
-PEAKS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0), "L4": (121.0, 60.0),
-         "TPU v5 lite": (197.0, 197.0), "TPU v5e": (197.0, 197.0), "TPU v4": (275.0, 275.0),
-         "TPU v3": (61.5, 61.5), "TPU v2": (22.5, 22.5)}
+from tpu_pretrain.core.peaks import group_peak  # noqa: E402
 
 
 def measured_peak(dtype: str, n: int, seconds: float = 2.0) -> float:
@@ -49,14 +46,6 @@ def measured_peak(dtype: str, n: int, seconds: float = 2.0) -> float:
         f(a).block_until_ready()
         runs += 1
     return 3 * 2.0 * n**3 * runs / (time.perf_counter() - start)
-
-
-def published_peak(device, precision: str) -> float | None:
-    kind = getattr(device, "device_kind", "")
-    for name, (bf16, fp32) in PEAKS.items():
-        if name.lower() in kind.lower():
-            return 1e12 * (bf16 if precision == "bfloat16" else fp32)
-    return None
 
 
 def input_rate(trainer, batches: int) -> float:
@@ -86,7 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed steps (a multiple of steps_per_execution)")
     parser.add_argument("--steps_per_execution", type=int, default=1)
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
-    parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak to state MFU against")
+    parser.add_argument("--peak_tflops", type=float, default=0.0,
+                        help="the devices' peak, all together, to state MFU against")
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
     args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
@@ -116,7 +106,8 @@ def main() -> None:
     dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"
     size = args.matmul_size or (2048 if devices.kind == "cpu" else 8192)
     measured = measured_peak(dtype, size, args.matmul_seconds)
-    peak = args.peak_tflops * 1e12 or published_peak(devices.devices[0], devices.precision)
+    kind = getattr(devices.devices[0], "device_kind", "") if devices.kind != "cpu" else ""
+    peak = args.peak_tflops * 1e12 or group_peak(kind, devices.precision, devices.num_replicas)
     print(f"device: {devices.describe()} ({getattr(devices.devices[0], 'device_kind', '?')}); model "
           f"{args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}: "
           f"{flops / 1e9:.2f} GFLOP per training sequence")

@@ -75,5 +75,9 @@ class NumpyTrainer:
     def precision(self) -> str:
         return "float32"
 
+    @property
+    def peak_flops(self) -> float | None:
+        return None
+
     def close(self) -> None:
         pass

@@ -175,6 +175,9 @@ class TrainConfig:
     eval_every_steps: int = _f(1000, "Steps between evaluations on the eval shards (0: only at the end).",
                                steps=(TRAIN,))
     log_every_steps: int = _f(100, "Steps between TensorBoard scalars and log lines.", steps=(TRAIN,))
+    peak_tflops: float = _f(0.0, "Dense peak TFLOP/s of all the devices training together, at the training "
+                            "precision, for the MFU in the log (0: the published peak of a known device).",
+                            steps=(TRAIN,))
     dynamic_masking: bool = _f(False, "Re-mask on the fly each time a sequence is read (RoBERTa-style).",
                                steps=(TRAIN,), pins=(RUN,))
     shuffle_buffer_size: int = _f(10_000, "Records in the shuffle buffer of the training input.",
@@ -246,14 +249,8 @@ class StorageConfig:
                                progress=progress)
 
 
-SECTIONS: dict[str, type] = {
-    "corpus": CorpusConfig,
-    "vocab": VocabConfig,
-    "data": PretrainingDataConfig,
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "storage": StorageConfig,
-}
+SECTIONS: dict[str, type] = {"corpus": CorpusConfig, "vocab": VocabConfig, "data": PretrainingDataConfig,
+                             "model": ModelConfig, "train": TrainConfig, "storage": StorageConfig}
 
 
 # What the modern recipe sets (the classic recipe: these settings' defaults). One setting turns on what

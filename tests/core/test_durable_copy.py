@@ -88,7 +88,7 @@ def test_a_run_that_would_fill_drive_keeps_within_it_and_its_copy_current(data_d
                         r"used\): 3 fit in .*; keeping 1 \(2 while copying\) leaves", next(
                             line for line in caplog.messages if line.startswith("Checkpoints:")))
         # Never more than mirror_max_lag=2 saves (of 2 steps) behind, besides the save the line comes before.
-        lags = [int(s) - int(d) for s, d in re.findall(r"step (\d+)/40 \(durable step (\d+)", caplog.text)]
+        lags = [int(s) - int(d) for s, d in re.findall(r"step (\d+)/40: .*; durable step (\d+)", caplog.text)]
         assert len(lags) >= saves - 3 and max(lags) <= 6 and "failed" not in caplog.text
         copy = double.my_drive / "run" / "checkpoints"
         assert sorted(p.name for p in copy.iterdir()) == ["ckpt-000000001", "ckpt-000000040", "latest"]
@@ -170,7 +170,7 @@ def test_a_failing_copy_stops_training_within_the_lag_saying_why_and_resuming_is
         stop = next(line for line in caplog.messages if "Training saved step 6" in line)
         assert f"The durable copy at {url} is 3 checkpoints behind the run (newest there: none): {says}" in stop
         assert fix in stop and "run the same command again" in stop
-        assert "step 6/12 (durable none yet, 2 behind" in caplog.text  # the progress line says so
+        assert re.search(r"step 6/12: .*; durable none yet, 2 behind", caplog.text)  # the progress line says so
         status = run_status(run)
         assert "behind the newest local checkpoint (step 6)" in status and f"last attempt failed ({says}" in status
 

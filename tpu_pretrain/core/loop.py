@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from ..errors import UserInputError
 from ..formatting import hms
 from . import schedules
+from .bert_config import training_flops_per_sequence
 from .checkpoint_space import check_rooms
 from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
+from .peaks import mfu
 from .protocol import Trainer
 from .run_folder import RunFolder, run_identity
 from .run_lock import RunLock
@@ -70,9 +72,10 @@ class TrainResult:
 class Throughput:
     """Steps per second over the timed calls; the first call (graph build and compilation) is kept apart."""
 
-    def __init__(self, train_seconds: float = 0.0):
+    def __init__(self, train_seconds: float = 0.0, resumed_rate: float = 0.0):
         self.started = time.perf_counter()
         self.train_seconds = train_seconds  # all sessions of the run, for the status and the ETA
+        self.resumed_rate = resumed_rate  # the rate the run had measured when it was saved (0: a new run)
         self.seconds_to_first_step = 0.0
         self.steps = 0
         self.seconds = 0.0
@@ -94,7 +97,9 @@ class Throughput:
 
     @property
     def steps_per_second(self) -> float:
-        return self.steps / self.seconds if self.seconds else self.last_rate
+        """The rate measured this session after its first call; until then the run's own, as saved (a resumed
+        run), else that first call's (which includes compiling)."""
+        return self.steps / self.seconds if self.seconds else self.resumed_rate or self.last_rate
 
     @property
     def input_wait_share(self) -> float | None:
@@ -132,7 +137,9 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     t = trainer.plan.config.train
     output_dir = str(run.path)
     manager, mirror = _checkpoints(trainer, run)
-    throughput = Throughput(_resume(trainer, run, manager, set_aside_damaged))
+    resumed = _resume(trainer, run, manager, set_aside_damaged)
+    throughput = Throughput(resumed.get("train_seconds", 0.0), resumed.get("steps_per_second", 0.0))
+    flops, peak = _flops_and_peak(trainer)
     if mirror is not None:
         mirror.start(trainer.step or None)
     scalars = ScalarLog(run, enabled=trainer.is_chief)  # several machines: the chief writes the run's logs
@@ -155,6 +162,8 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
             metrics.update(steps_per_second=throughput.steps_per_second,
                            examples_per_second=throughput.steps_per_second * t.train_batch_size,
                            learning_rate=trainer.plan.schedule.rate(max(trainer.step - 1, 0)))
+            if peak:
+                metrics["mfu"] = mfu(metrics["examples_per_second"], flops, peak)
             result.history.append({"step": target, **metrics})
             _show(bar, target, metrics, t.train_batch_size)
             result.stopped_reason = _at_boundary(trainer, target, metrics, scalars, manager, throughput,
@@ -201,9 +210,9 @@ def _checkpoints(trainer: Trainer, run: RunFolder) -> tuple[CheckpointManager, C
     return manager, mirror
 
 
-def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_aside_damaged: bool) -> float:
+def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_aside_damaged: bool) -> dict:
     """Check the folder fits this run, restore its newest checkpoint, record the run, open the input at the
-    restored step; returns the seconds already trained."""
+    restored step; returns the checkpoint's metadata (the seconds trained, the rate measured; empty when new)."""
     plan = trainer.plan
     identity = run_identity(plan.config, plan.bert_config, plan.data)
     run.check_can_resume(identity)
@@ -214,9 +223,24 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
         run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:
-        return 0.0
+        return {}
     log.info("Resuming from %s: step %d of %d.", restored.path, trainer.step, trainer.plan.config.train.num_train_steps)
-    return restored.metadata.get("train_seconds", 0.0)
+    return restored.metadata
+
+
+def _flops_and_peak(trainer: Trainer) -> tuple[float, float | None]:
+    """The model's training FLOPs per sequence, and the devices' peak FLOP/s (stated, else published; None when
+    unknown) that the MFU is measured against."""
+    plan = trainer.plan
+    d, stated = plan.config.data, plan.config.train.peak_tflops
+    flops = training_flops_per_sequence(plan.bert_config, d.max_seq_length, d.max_predictions_per_seq)
+    peak = stated * 1e12 if stated else trainer.peak_flops
+    if peak:
+        log.info("MFU against %s peak of %.1f TFLOP/s (%s), %.3g GFLOP per training sequence.",
+                 "the stated" if stated else "the published", peak / 1e12, trainer.describe(), flops / 1e9)
+    else:
+        log.info("No MFU: the peak of %s is not known (state it with --peak_tflops).", trainer.describe())
+    return flops, peak
 
 
 def _follow_schedule(trainer: Trainer, recorded: dict | None) -> None:
@@ -258,12 +282,7 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
         mirror.retry_if_failed()  # a mirror that recovered catches up before the next save
     if step % t.log_every_steps == 0 or step == total:
         scalars.write("train", metrics, step)
-        rate = throughput.steps_per_second
-        eta = (total - step) / rate if rate else float("nan")
-        durable = f" ({mirror.note()})" if mirror is not None else ""
-        wait = f", input wait {metrics['input_wait_share']:.0%}" if "input_wait_share" in metrics else ""
-        log.info("step %d/%d%s %s, %.2f steps/s, %.1f examples/s%s, ETA %s", step, total, durable,
-                 format_metrics(metrics), rate, rate * t.train_batch_size, wait, hms(eta))
+        log.info("%s", progress_line(step, total, metrics, _saved_note(manager)))
     if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
         _evaluate(trainer, scalars, step, f"Eval at step {step}")
     stop_reason = guard.should_stop(next_chunk_seconds=seconds)
@@ -285,6 +304,31 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
     log.warning("Stopped at step %d of %d: %s. Run the same command again (same output_dir) to continue from "
                 "this step.", step, total, stop_reason)
     return stop_reason
+
+
+def progress_line(step: int, total: int, metrics: dict, saved: str) -> str:
+    """The line a person reads: step/total, the loss, the learning rate, steps/s and sequences/s, MFU where the
+    peak is known, the share of time waiting on input where the backend says, the ETA at the run's own rate,
+    and the newest durable step (``saved``)."""
+    rate = metrics["steps_per_second"]
+    figures = [format_metrics(metrics), f"lr {metrics['learning_rate']:.3g}", f"{rate:.2f} steps/s",
+               f"{metrics['examples_per_second']:.1f} sequences/s"]
+    if metrics.get("mfu") is not None:
+        figures.append(f"MFU {metrics['mfu']:.1%}")
+    if "input_wait_share" in metrics:
+        figures.append(f"input wait {metrics['input_wait_share']:.0%}")
+    figures.append(f"ETA {hms((total - step) / rate if rate else float('nan'))}")
+    return f"step {step}/{total}: {', '.join(figures)}; {saved}"
+
+
+def _saved_note(manager: CheckpointManager) -> str:
+    """The newest durable step: the durable copy's (and how far behind it is) when there is one, else the run
+    folder's newest checkpoint."""
+    mirror = getattr(manager, "mirror", None)
+    if mirror is not None:
+        return mirror.note()
+    saved = manager.local_checkpoints()
+    return f"saved step {saved[0].step}" if saved else "saved none yet"
 
 
 def _check_finite(trainer: Trainer, manager: CheckpointManager, metrics: dict, first: int, last: int) -> None:

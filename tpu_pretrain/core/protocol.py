@@ -43,4 +43,7 @@ class Trainer(Protocol):
     @property
     def precision(self) -> str: ...  # float32, bfloat16 or float16
 
+    @property
+    def peak_flops(self) -> float | None: ...  # the devices' dense peak FLOP/s, all together, at that precision
+
     def close(self) -> None: ...  # release input threads

@@ -27,6 +27,7 @@ import keras  # noqa: E402
 
 from ..config import Config  # noqa: E402
 from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums  # noqa: E402
+from ..core.peaks import group_peak  # noqa: E402
 from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
@@ -297,6 +298,12 @@ class JaxTrainer:
     @property
     def precision(self) -> str:
         return self.devices.precision
+
+    @property
+    def peak_flops(self) -> float | None:
+        """The devices' published dense peak at the training precision (None for a CPU or an unknown device)."""
+        kind = getattr(self.devices.devices[0], "device_kind", "") if self.devices.kind != "cpu" else ""
+        return group_peak(kind, self.precision, self.devices.num_replicas)
 
     def describe(self) -> str:
         return f"JAX (Keras 3), {self.devices.describe()}"

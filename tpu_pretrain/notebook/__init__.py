@@ -8,6 +8,8 @@
   inputs) and its local scratch space.
 - ``steps``: train, evaluate and export as ``tpu-pretrain`` processes of their own, streamed into the cell
   (training with live curves), so no notebook kernel imports TensorFlow.
+- ``progress``: a training process's progress in the cell: a bar from the first step reported, without tqdm's
+  own rate and ETA, and the run's own line (loss, learning rate, sequences/s, MFU, ETA, durable step) in full.
 - ``views``: the runtime, decoded instances with their masks highlighted, a run's status and curves.
 - ``checks``: 00_setup's checks of the accelerator (the TPU probe) and of the durable folder.
 - ``results``: fill-mask through ``transformers``, a zip to download, a push to the Hugging Face Hub.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,9 +29,9 @@ from ..storage import drive
 from ..training import recorded_backend
 from . import places
 from .params import Parameters
+from .progress import TrainingProgress
 from .views import LiveCurves
 
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
 # Settings the notebook decides itself (where things are); the others are passed on as they were set.
 PLACED = ("data_dir", "output_dir", "mirror_dir", "vocab_file")
 
@@ -172,20 +171,14 @@ def settings_flags(params: Parameters, backend: str = "") -> list[str]:
 
 
 def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float, env: dict[str, str]) -> int:
-    """Run ``command``, a bar for its steps, its other lines printed, the curves redrawn; its exit code."""
-    from tqdm.auto import tqdm
-
+    """Run ``command``: its progress lines as a bar and the newest line in full (:mod:`.progress`), its other
+    lines printed, the curves redrawn; its exit code."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=dict(env, PYTHONUNBUFFERED="1"))
-    bar, last_refresh = None, time.monotonic()
+    progress, last_refresh = TrainingProgress(), time.monotonic()
     try:
         for line in process.stdout:
-            match = STEP_LINE.match(line)
-            if match:
-                bar = bar or tqdm(total=int(match.group(2)), unit="step", desc="training")
-                bar.update(int(match.group(1)) - bar.n)
-                bar.set_postfix_str(line[match.end():].strip()[:90])
-            else:
+            if not progress.feed(line):
                 print(line.rstrip(), flush=True)
             if curves is not None and time.monotonic() - last_refresh > refresh_seconds:
                 curves.refresh()
@@ -196,8 +189,7 @@ def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float
         for line in process.stdout:
             print(line.rstrip(), flush=True)
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
     if curves is not None:
         curves.refresh()
     return process.wait()

@@ -28,6 +28,7 @@ class Accelerator:
     devices: list[str] = field(default_factory=list)
     hardware: str = ""  # what a TPU system reported (type, chips, cores)
     cluster: Cluster | None = None  # several machines (MultiWorkerMirroredStrategy); None for one
+    device_name: str = ""  # the TPU's type (v5litepod-8) or the GPU's name (Tesla T4), for its published peak
 
     @property
     def is_chief(self) -> bool:
@@ -61,6 +62,12 @@ def gpu_supports_float16(gpus) -> bool:
     return bool(gpus)
 
 
+def gpu_name() -> str:
+    """The first GPU's name as its driver gives it (``Tesla T4``, ``NVIDIA A100-SXM4-40GB``); empty if unknown."""
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "") if gpus else ""
+
+
 def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_compile: str = "auto",
                        tpu_name: str = "local", worker_hosts: str = "", task_index: int = 0) -> Accelerator:
     """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in.
@@ -68,7 +75,7 @@ def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_
     A TPU pod slice is one named TPU (``tpu_name``) whose hosts each feed their replicas; several GPU or CPU
     machines (``worker_hosts`` or ``TF_CONFIG``) train with MultiWorkerMirroredStrategy (:mod:`.cluster`).
     """
-    strategy, kind, devices, hardware = None, None, [], ""
+    strategy, kind, devices, hardware, name = None, None, [], "", ""
     cluster = find_cluster(worker_hosts, task_index) if requested != "tpu" else None
     if requested == "tpu" and not tpu_vm_present() and tpu_name in ("", "local"):
         raise no_tpu_error()
@@ -78,7 +85,7 @@ def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_
         devices = [d.name for d in tf.config.list_logical_devices(kind.upper())]
     elif requested == "tpu" or (requested == "auto" and tpu_vm_present()):
         strategy, tpu = connect_tpu(tpu_name)
-        kind, hardware = "tpu", tpu.describe()
+        kind, hardware, name = "tpu", tpu.describe(), tpu.accelerator_type
         devices = [d.name for d in tf.config.list_logical_devices("TPU")]
     if strategy is None and requested in ("auto", "gpu"):
         gpus = tf.config.list_physical_devices("GPU")
@@ -104,7 +111,8 @@ def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_
         else:
             precision = "float32"
     jit = {"on": True, "off": False}.get(jit_compile, kind in ("tpu", "gpu"))
-    acc = Accelerator(kind, strategy, precision, jit, devices, hardware, cluster)
+    name = gpu_name() if kind == "gpu" else name
+    acc = Accelerator(kind, strategy, precision, jit, devices, hardware, cluster, name)
     log.info("Accelerator: %s", acc.describe())
     return acc
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from ..config import Config
 from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums
+from ..core.peaks import group_peak
 from ..core.resolve import RunPlan
 from ..core.schedules import Schedule
 from ..data.data_folder import DataInfo, damaged_shards
@@ -248,6 +249,11 @@ class Trainer:
     @property
     def precision(self) -> str:
         return self.accelerator.precision
+
+    @property
+    def peak_flops(self) -> float | None:
+        """The replicas' published dense peak at the training precision (None for a CPU or an unknown device)."""
+        return group_peak(self.accelerator.device_name, self.precision, self.accelerator.num_replicas)
 
     @property
     def is_chief(self) -> bool:
