@@ -37,7 +37,7 @@ VOCAB_CHANGES = {
     "doc_separator": "%", "unicode_normalization": "NFC", "strip_control": False, "strip_punctuation": True,
     "dedupe_lines": True, "max_line_length": 200, "vocab_size": 1300, "num_unused_tokens": 20,
     "vocab_sample_lines": 200, "sentencepiece_model_type": "unigram", "random_seed": 2, "do_lower_case": False,
-    "encoding": "latin-1",
+    "encoding": "latin-1", "max_documents": 20, "max_bytes": 5000,
 }
 DATA_BASE = {"max_seq_length": 64, "max_predictions_per_seq": 9, "dupe_factor": 1, "eval_fraction": 0.1,
              "num_shards": 1, "random_seed": 1}
@@ -47,7 +47,7 @@ DATA_CHANGES = {
     "max_predictions_per_seq": 8, "masked_lm_prob": 0.2, "dupe_factor": 2, "short_seq_prob": 0.5,
     "random_seed": 2, "do_lower_case": False, "do_whole_word_mask": True, "no_nsp": True,
     "chinese_whole_word": True, "num_shards": 2, "eval_fraction": 0.2, "encoding": "latin-1", "recipe": "modern",
-    "eval_masked_lm_prob": 0.2, "pack_sequences": True,
+    "eval_masked_lm_prob": 0.2, "pack_sequences": True, "max_documents": 20, "max_bytes": 5000,
 }
 
 
