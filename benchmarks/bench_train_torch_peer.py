@@ -15,8 +15,9 @@ at every position, and that extra work is printed but not counted, as the JAX mo
 On a CPU: float32 (bfloat16 autocast is slow on most CPUs; ``--precision bfloat16`` forces it), AdamW's fused kernel
 where PyTorch has one for the device (else its foreach kernel, said so). MFU is stated against ``--peak_tflops`` or
 the device's published dense peak when known, and against a large matmul measured here.
-``--smoke``: L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, eager and compiled (seconds; meaningless
-figures).
+``--smoke``: L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, eager and compiled with ``aot_eager`` (Dynamo
+and AOTAutograd without inductor's code generation, which alone takes a minute on a CPU); seconds, meaningless
+figures.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def run(torch, args, cfg, device, precision: str, batch: int, mode: str) -> dict
     model = BertForPreTraining(config).to(device).train()
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     optimizer, optimizer_note = make_optimizer(torch, model.parameters(), device)
-    forward = torch.compile(model) if mode == "compile" else model
+    forward = torch.compile(model, backend=args.compile_backend) if mode == "compile" else model
     batches = torch_batches(torch, device, batch, args.seq, args.pred, cfg.vocab_size)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
@@ -111,7 +112,7 @@ def run(torch, args, cfg, device, precision: str, batch: int, mode: str) -> dict
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
     start = time.perf_counter()
     first_loss = float(step(batches[0]))
@@ -139,12 +140,16 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"),
                         help="auto: bfloat16 autocast on a GPU that has it, float32 on a CPU")
     parser.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's: 0.1)")
+    parser.add_argument("--compile_backend", default="inductor",
+                        help="torch.compile's backend (--smoke: aot_eager, no code generation)")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak to state MFU against")
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on a GPU, 2048 on a CPU")
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
     args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": [4], "seq": 32, "pred": 5, "vocab": 1000,
-                                     "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2},
-                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, eager and compiled, "
+                                     "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2,
+                                     "compile_backend": "aot_eager"},
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, eager and compiled with "
+                           "torch.compile's aot_eager backend (inductor's code generation takes a minute on a CPU), "
                            "a 512^3 matmul reading")
 
     import torch
@@ -195,6 +200,8 @@ def main() -> None:
             print(line + f"; loss {out['losses'][0]:.2f} -> {out['losses'][1]:.2f}", flush=True)
     for note in sorted(notes):
         print(f"optimizer: {note}")
+    if "compile" in args.modes:
+        print(f"torch.compile backend: {args.compile_backend}")
 
 
 if __name__ == "__main__":
