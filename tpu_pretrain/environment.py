@@ -47,6 +47,9 @@ ENVIRONMENT_OVERRIDES = {
                 "(on Colab and Kaggle: a secret of that name).",
     "TPU_PRETRAIN_HUB_MIRROR": "Read hf://datasets/OWNER/NAME inputs from this local folder laid out as the Hub "
                                "(datasets/OWNER/NAME/...) instead of the Hub: an offline copy, and the tests.",
+    "TPU_PRETRAIN_ATTENTION": "The JAX model's attention path: auto (default: cuDNN's fused kernel on a GPU in "
+                              "bfloat16/float16, XLA's fused attention elsewhere), xla, cudnn, or explicit (matmul, "
+                              "softmax, matmul); for comparing them.",
 }
 
 

@@ -6,11 +6,18 @@ token embeddings, and an optional NSP head: the shape of :mod:`..tf_backend.mode
 weights move between the backends by Google's checkpoint names (:func:`google_variables`). Every weight
 matrix gets its own truncated-normal draw. keras-hub's BERT layers are not used: keras-hub requires
 ``tensorflow-text``, which brings TensorFlow back in.
+
+Attention goes through ``jax.nn.dot_product_attention`` (:data:`ATTENTION_PATHS`): cuDNN's fused kernel on a GPU in
+bfloat16 or float16, XLA's fused attention elsewhere (TPUs, CPUs, float32), the logits and softmax in float32 either
+way. That function has no dropout on the attention probabilities, so a training call with
+``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
+with no attention dropout (the modern recipe) training and inference both take the fused path.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -18,14 +25,21 @@ from . import select_keras_backend
 
 select_keras_backend()
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
 from ..core.bert_config import BertConfig  # noqa: E402
 from ..core.weight_names import NSP_WEIGHTS  # noqa: E402
+from ..environment import environment_override  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
+# How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
+# inputs, head size a multiple of 8), else XLA's; xla: jax.nn.dot_product_attention's XLA implementation; cudnn:
+# cuDNN's kernel or an error; explicit: matmul, softmax, dropout, matmul as Google's BERT writes it.
+ATTENTION_PATHS = ("auto", "xla", "cudnn", "explicit")
 
 
 def keep_tensorflow_out() -> None:
@@ -82,13 +96,76 @@ class _Factory:
         return keras.layers.Dropout(rate, dtype=self.dtype)
 
 
-class TransformerBlock(keras.layers.Layer):
-    """Self-attention and feed-forward, each followed by dropout, the residual and LayerNorm (post-LN)."""
+def attention_path(setting: str | None = None) -> str:
+    """The attention path asked for: ``setting``, else ``TPU_PRETRAIN_ATTENTION``, else ``auto``."""
+    path = (setting or environment_override("TPU_PRETRAIN_ATTENTION", "auto")).strip().lower()
+    if path not in ATTENTION_PATHS:
+        raise UserInputError(f"attention path {path!r} is not one of {', '.join(ATTENTION_PATHS)} "
+                             "(TPU_PRETRAIN_ATTENTION).")
+    return path
 
-    def __init__(self, config: BertConfig, make: _Factory, **kwargs):
+
+def cudnn_applies(dtype, head_size: int) -> bool:
+    """Whether cuDNN's fused attention can take these inputs on this process's default JAX backend."""
+    return (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+            and head_size % 8 == 0 and head_size <= 128)
+
+
+_CUDNN_REFUSED: set[str] = set()
+
+
+def fused_attention(q, k, v, attend, path: str = "auto"):
+    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays, keys where ``attend``
+    (``[batch, length]``, bool) is False left out: ``jax.nn.dot_product_attention``.
+
+    The XLA implementation takes ``attend`` as its boolean ``mask`` (any padding pattern); cuDNN's kernel takes the
+    padding as key lengths (the count of True in ``attend``, at least 1), which is the same mask because BERT's
+    padding is trailing (``[PAD]`` ids after the last token). Both compute the logits with float32 accumulation
+    and the softmax in float32, and return the inputs' dtype.
+    """
+    if path == "cudnn" or (path == "auto" and cudnn_applies(q.dtype, q.shape[-1])):
+        lengths = jnp.maximum(jnp.sum(attend, axis=1, dtype=jnp.int32), 1)
+        try:
+            return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
+        except (NotImplementedError, ValueError, RuntimeError) as error:
+            if path == "cudnn":
+                raise
+            if str(error) not in _CUDNN_REFUSED:
+                _CUDNN_REFUSED.add(str(error))
+                warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using XLA's attention.",
+                              stacklevel=2)
+    mask = attend[:, None, None, :]
+    if q.dtype == jnp.float16 and jax.default_backend() != "gpu":
+        # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
+        # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32
+        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
+                                            implementation="xla").astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+def explicit_attention(q, k, v, attend, dropout=None, training=False):
+    """The same attention written out (Google BERT's order): scores in the inputs' dtype, softmax in float32 with
+    :data:`MASK_BIAS` added at padding, ``dropout`` (a Keras layer) on the probabilities, then the weighted sum."""
+    q, k, v = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+    scores = jnp.matmul(q, jnp.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
+    bias = jnp.where(attend, 0.0, MASK_BIAS).astype(jnp.float32)[:, None, None, :]
+    probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1).astype(q.dtype)
+    if dropout is not None:
+        probs = dropout(probs, training=training)
+    return jnp.transpose(jnp.matmul(probs, v), (0, 2, 1, 3))
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Self-attention and feed-forward, each followed by dropout, the residual and LayerNorm (post-LN).
+
+    ``attention`` is one of :data:`ATTENTION_PATHS`; a training call with attention dropout takes the explicit path
+    whatever it says (the fused function has no dropout on the probabilities).
+    """
+
+    def __init__(self, config: BertConfig, make: _Factory, attention: str = "auto", **kwargs):
         super().__init__(dtype=make.dtype, **kwargs)
         h = config.hidden_size
-        self.heads = config.num_attention_heads
+        self.heads, self.attention = config.num_attention_heads, attention
         self.query, self.key, self.value = (make.dense(h, n) for n in ("query", "key", "value"))
         self.attention_output = make.dense(h, "attention_output")
         self.attention_norm = make.norm("attention_norm")
@@ -100,16 +177,25 @@ class TransformerBlock(keras.layers.Layer):
         self.ffn_dropout = make.dropout(config.hidden_dropout_prob)
 
     def _heads(self, x):
+        """``[batch, length, hidden]`` -> ``[batch, length, heads, head_size]`` (a reshape, no transpose)."""
         batch, length, width = x.shape
-        return ops.transpose(ops.reshape(x, (batch, length, self.heads, width // self.heads)), (0, 2, 1, 3))
+        return ops.reshape(x, (batch, length, self.heads, width // self.heads))
 
-    def call(self, x, mask_bias, training=False):
+    def explicit(self, training: bool) -> bool:
+        """Whether this call takes the explicit path: asked for, or attention dropout in training."""
+        return self.attention == "explicit" or bool(training and self.attention_dropout.rate > 0)
+
+    def context(self, x, attend, training=False):
+        """The attention context ``[batch, length, hidden]`` before the output projection."""
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
-        probs = ops.softmax(ops.cast(scores, "float32") + mask_bias, axis=-1)
-        probs = self.attention_dropout(ops.cast(probs, self.compute_dtype), training=training)
-        context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
-        context = ops.reshape(context, x.shape)
+        if self.explicit(training):
+            context = explicit_attention(q, k, v, attend, self.attention_dropout, training)
+        else:
+            context = fused_attention(q, k, v, attend, self.attention)
+        return ops.reshape(context, x.shape)
+
+    def call(self, x, attend, training=False):
+        context = self.context(x, attend, training)
         x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training))
         ffn = self.output_dense(self.intermediate(x))
         return self.output_norm(x + self.ffn_dropout(ffn, training=training))
@@ -129,19 +215,22 @@ class PretrainingBert(keras.Model):
     """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits(, nsp_logits)]`` (logits, float32).
 
     Padding is read from ``input_ids == 0`` ([PAD] is id 0 in every BERT vocab), as in the TensorFlow model.
+    ``attention``: one of :data:`ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
     """
 
-    def __init__(self, config: BertConfig, with_nsp: bool = True, dtype=None, **kwargs):
+    def __init__(self, config: BertConfig, with_nsp: bool = True, dtype=None, attention: str | None = None,
+                 **kwargs):
         super().__init__(name="bert", dtype=dtype, **kwargs)
         make = _Factory(config, dtype)
-        self.config, self.with_nsp = config, with_nsp
+        self.config, self.with_nsp, self.attention = config, with_nsp, attention_path(attention)
         h = config.hidden_size
         self.token_embedding = make.embedding(config.vocab_size, h, "word_embeddings")
         self.segment_embedding = make.embedding(config.type_vocab_size, h, "token_type_embeddings")
         self.position_embedding = make.embedding(config.max_position_embeddings, h, "position_embeddings")
         self.embedding_norm = make.norm("embedding_norm")
         self.embedding_dropout = make.dropout(config.hidden_dropout_prob)
-        self.blocks = [TransformerBlock(config, make, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
+        self.blocks = [TransformerBlock(config, make, self.attention, name=f"layer_{i}")
+                       for i in range(config.num_hidden_layers)]
         self.mlm_dense = make.dense(h, "mlm_dense", activation(config.hidden_act))
         self.mlm_norm = make.norm("mlm_norm")
         self.mlm_bias = Bias(name="mlm_bias", dtype=dtype)
@@ -155,9 +244,9 @@ class PretrainingBert(keras.Model):
         x = self.token_embedding(input_ids) + self.segment_embedding(segment_ids)
         x = x + self.position_embedding(ops.arange(length))[None]
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
-        mask_bias = ops.where(input_ids != 0, 0.0, MASK_BIAS)[:, None, None, :]
+        attend = input_ids != 0
         for block in self.blocks:
-            x = block(x, mask_bias, training=training)
+            x = block(x, attend, training=training)
         return x
 
     def call(self, inputs, training=False):
@@ -174,10 +263,10 @@ class PretrainingBert(keras.Model):
 
 
 def build_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int, with_nsp: bool = True,
-                dtype=None) -> PretrainingBert:
+                dtype=None, attention: str | None = None) -> PretrainingBert:
     """The model with its weights created (static shapes: one call on a zero batch)."""
     config.check_sequence_length(max_seq_length)
-    model = PretrainingBert(config, with_nsp, dtype=dtype)
+    model = PretrainingBert(config, with_nsp, dtype=dtype, attention=attention)
     zeros = ops.zeros((1, max_seq_length), "int32")
     model([zeros, zeros, ops.zeros((1, max_predictions_per_seq), "int32")])
     return model
