@@ -1,7 +1,7 @@
 """Training throughput of the JAX backend: sequences/s and model FLOPs utilisation (MFU), and input speed.
 
 Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256] [--steps 20]
-           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--peak_tflops 989] [--smoke]
+           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--dropout 0] [--peak_tflops 989] [--smoke]
 
 Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
 NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed steps (a multiple of steps_per_execution)")
     parser.add_argument("--steps_per_execution", type=int, default=1)
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
+    parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout (default 0, the "
+                        "modern recipe's, which takes the fused attention; 0.1, BERT's, keeps attention explicit)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the devices' peak, all together, to state MFU against")
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
@@ -91,7 +93,8 @@ def main() -> None:
         write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
         config = Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
                              train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
-                             mixed_precision=args.precision, steps_per_execution=args.steps_per_execution)
+                             mixed_precision=args.precision, steps_per_execution=args.steps_per_execution,
+                             hidden_dropout_prob=args.dropout)
         start = time.perf_counter()
         trainer = JaxTrainer(config)
         trainer.train_steps(args.steps_per_execution)

@@ -32,18 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import parse_args, random_batch  # noqa: E402
 
 from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
+from tpu_pretrain.core.peaks import published_peak  # noqa: E402
 
-# Published dense peaks per CUDA device, TFLOP/s: (bfloat16, TF32 as PyTorch's float32 matmuls may use it).
-PEAKS = {"H100": (989.0, 494.0), "H200": (989.0, 494.0), "A100": (312.0, 156.0), "L4": (121.0, 60.0),
-         "A10G": (70.0, 35.0)}
 DISTINCT_BATCHES = 4  # the timed steps cycle through these, already on the device
-
-
-def published_peak(name: str, precision: str) -> float | None:
-    for key, (bf16, fp32) in PEAKS.items():
-        if key.lower() in name.lower():
-            return 1e12 * (bf16 if precision == "bfloat16" else fp32)
-    return None
 
 
 def measured_peak(torch, device, dtype, n: int, seconds: float) -> float:

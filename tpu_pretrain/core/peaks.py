@@ -15,7 +15,7 @@ import re
 # Published dense peaks per device, TFLOP/s: (bfloat16 or float16, float32 or TF32 as XLA uses it). The first
 # pattern found in the device's name wins, so a more specific name comes before a shorter one it contains.
 PEAKS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "A100": (312.0, 156.0), "L4": (121.0, 60.0),
-         "V100": (125.0, 15.7), "T4": (65.0, 8.1), "P100": (18.7, 9.3),
+         "A10G": (70.0, 35.0), "V100": (125.0, 15.7), "T4": (65.0, 8.1), "P100": (18.7, 9.3),
          "TPU v6 lite": (918.0, 918.0), "TPU v5 lite": (197.0, 197.0), "TPU v5p": (459.0, 459.0),
          "TPU v4": (275.0, 275.0), "TPU v3": (61.5, 61.5), "TPU v2": (22.5, 22.5)}
 # How each name is recognised: JAX's device kind, and a TPU VM's accelerator type (v5litepod-8, v5p-8, ...).
