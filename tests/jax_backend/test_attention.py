@@ -8,12 +8,15 @@ scores to bfloat16 before the float32 softmax, the fused one accumulates them in
 of the float32 answer. The tolerances below allow about twice that.
 """
 
+import importlib.util
 import sys
 
 import numpy as np
 import pytest
 
 pytest.importorskip("jax")
+if importlib.util.find_spec("tensorflow") is not None:  # the JAX backend's own tests run once, where JAX runs
+    pytest.skip("for the environment without TensorFlow (make test-jax-stack)", allow_module_level=True)
 if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
     pytest.skip("Keras already runs on another backend in this process (run this file alone, or in .venv-jax)",
                 allow_module_level=True)

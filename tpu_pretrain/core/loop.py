@@ -296,7 +296,8 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
         if not trainer.weights_finite():
             raise _diverged(trainer, manager, step, "weights or optimizer moments that are no longer finite")
         manager.save(step, {"records_consumed": step * t.train_batch_size, "train_seconds": throughput.train_seconds,
-                            "steps_per_second": throughput.steps_per_second, "saved_at": time.time(),
+                            "steps_per_second": throughput.steps_per_second, "mfu": metrics.get("mfu"),
+                            "saved_at": time.time(),
                             "lr_schedule": trainer.plan.schedule.record(trainer.plan.planned_schedule)})
         cadence.saved()
     if not stopping:

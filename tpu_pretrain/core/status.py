@@ -41,6 +41,12 @@ def run_status(run_dir: str | os.PathLike) -> str:
     seconds = newest.metadata.get("train_seconds", 0.0)
     lines.append(f"time trained: {hms(seconds)}")
     rate = newest.metadata.get("steps_per_second") or (newest.step / seconds if seconds else 0)
+    if rate:
+        sequences = rate * config.train.train_batch_size
+        mfu = newest.metadata.get("mfu")
+        lines.append(f"speed: {rate:.2f} steps/s, {sequences:,.1f} sequences/s, "
+                     f"{sequences * config.data.max_seq_length:,.0f} tokens/s"
+                     + (f", MFU {mfu:.1%}" if mfu is not None else ""))
     if rate and newest.step < total:
         lines.append(f"estimated time left: {hms((total - newest.step) / rate)} at {rate:.2f} steps/s")
     elif newest.step >= total:
