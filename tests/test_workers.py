@@ -103,11 +103,15 @@ def test_a_missing_worker_is_named_and_the_wait_ends():
 
 def test_ctrl_c_stops_the_wait():
     workers = Workers(tuple(f"127.0.0.1:{p}" for p in free_ports(2)), 0, "--worker_hosts")
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even where this test
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # runs as a background job
     timer.start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        wait_for_workers(workers, timeout_seconds=60, poll_seconds=0.05)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wait_for_workers(workers, timeout_seconds=60, poll_seconds=0.05)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 10
 
 

@@ -405,11 +405,11 @@ def test_ctrl_c_stops_with_a_message_and_no_traceback(small_vocab, tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "tpu_pretrain", "create-data", "--input", str(big), "--vocab_file", vocab,
          "--output_dir", str(out), "--dupe_factor", "5", "--workers", "2", "--num_shards", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / ".work" / "partition.json").exists():
-        time.sleep(0.01)
-    time.sleep(0.5)  # the workers are writing shards
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it (a background job
+    deadline = time.time() + 120  # of a script would inherit Ctrl-C ignored)
+    while time.time() < deadline and not list(out.glob("*.tfrecord.tmp")):  # a worker is writing a shard: the
+        time.sleep(0.01)  # pool has started (a Ctrl-C while it starts is ignored by all, the workers to stay quiet)
     os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the parent and its workers
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err[-3000:]
