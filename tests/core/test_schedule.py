@@ -46,14 +46,15 @@ def test_a_cool_down_started_on_resume_matches_an_uninterrupted_run(data_dir, tm
 
     def stop_after_a_few_checkpoints():  # the session ends (SIGTERM) while the run is in its stable phase
         deadline = time.time() + 300
-        while time.time() < deadline and not (run / "checkpoints" / "ckpt-000000008").exists():
+        while time.time() < deadline and not any(int(c.name[5:]) >= 8 for c in (run / "checkpoints").glob("ckpt-*")
+                                                 if c.name[5:].isdigit()):  # any from step 8: older ones are pruned
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_after_a_few_checkpoints, daemon=True).start()
     first = train(settings(data_dir, run, num_train_steps=10_000), progress=False)  # no end in sight
     stopped = first.steps
-    assert first.stopped_reason and 8 <= stopped < 100
+    assert first.stopped_reason and 8 <= stopped < 8000  # in the stable phase (a busy machine stops it later)
     saved = json.loads((run / "checkpoints" / f"ckpt-{stopped:09d}" / "checkpoint.json").read_text())
     assert saved["metadata"]["lr_schedule"]["decay_start"] == 8000  # the plan then: 20% of 10,000 steps
     # The user decides to stop soon: 10 more steps, cooling down over the last 14 (whose start has passed).
