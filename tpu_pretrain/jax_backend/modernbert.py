@@ -1,0 +1,291 @@
+"""ModernBERT for masked-LM pretraining in Keras 3 layers: transformers' ``ModernBertForMaskedLM``, layer for layer.
+
+Token embeddings (no positions: rotary embeddings in every attention), LayerNorm and dropout; pre-LayerNorm layers
+(layer 0 has no attention norm: its input is the normalised embeddings) of fused ``Wqkv`` attention with RoPE and a
+GeGLU MLP (``Wi`` to twice the intermediate width, ``act(first half) * second half``, then ``Wo``); a final norm; the
+MLM head (dense, activation, norm) and the decoder, tied to the token embeddings unless the config unties them.
+Every ``global_attn_every_n_layers``-th layer from layer 0 attends globally with RoPE base ``global_rope_theta``; the
+others attend to keys at most ``local_attention // 2`` positions away on either side (transformers' rule: ``|q - k|
+<= local_attention // 2``) with base ``local_rope_theta``. Padding is read from ``input_ids == pad_token_id``.
+
+Attention goes through ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers by
+:func:`..model.fused_attention` (cuDNN's fused kernel where it applies, XLA's otherwise), local layers by XLA's
+with a boolean mask of padding and window (cuDNN has no two-sided window); a training call with attention dropout,
+or the ``explicit`` path, writes it out. Weights move by transformers' state-dict names (:func:`hf_variables`).
+
+Initialisation follows transformers' ``_init_weights``: truncated normals cut at 2 standard deviations (its
+default ``initializer_cutoff_factor``; Keras's ``TruncatedNormal`` always cuts there), standard deviation
+``initializer_range`` for the token embeddings, ``Wqkv`` and ``Wi``, and ``initializer_range / sqrt(2 * layers)``
+for the attention and MLP output projections, the head's dense and an untied decoder; biases zero, norms one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import select_keras_backend
+
+select_keras_backend()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+from keras import ops  # noqa: E402
+
+from ..core.modernbert_config import ModernBertConfig  # noqa: E402
+from ..errors import UserInputError  # noqa: E402
+from .model import Bias, activation, attention_path, fused_attention  # noqa: E402
+
+EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
+DECODER = "decoder.weight"  # tied: the embeddings themselves, never a variable of its own
+
+
+class _Make:
+    """Layers with ModernBERT's initialisers, bias and norm settings and the run's dtype policy."""
+
+    def __init__(self, config: ModernBertConfig, dtype):
+        self.config, self.dtype = config, dtype
+        self.std_in = config.initializer_range
+        self.std_out = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
+
+    def dense(self, units: int, name: str, bias: bool, std: float):
+        return keras.layers.Dense(units, use_bias=bias, kernel_initializer=keras.initializers.TruncatedNormal(
+            stddev=std), name=name, dtype=self.dtype)
+
+    def norm(self, name: str):
+        return keras.layers.LayerNormalization(epsilon=self.config.norm_eps, center=self.config.norm_bias,
+                                               name=name, dtype=self.dtype)
+
+    def dropout(self, rate: float):
+        return keras.layers.Dropout(rate, dtype=self.dtype)
+
+
+def rotary_tables(length: int, head_size: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE's cos and sin ``[length, head_size]`` for positions 0..length-1, in float32 as transformers computes
+    them (frequencies ``theta ** (-2i / head_size)``, repeated for the two halves)."""
+    inverse = (1.0 / (np.float32(theta) ** (np.arange(0, head_size, 2, dtype=np.float32) / np.float32(head_size))))
+    angles = np.arange(length, dtype=np.float32)[:, None] * inverse.astype(np.float32)[None]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate ``[batch, length, heads, head_size]`` by position (the halves' convention), in float32."""
+    dtype, x = x.dtype, x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos[None, :, None, :] + rotated * sin[None, :, None, :]).astype(dtype)
+
+
+def attention_mask(attend, window: int | None):
+    """``[batch, 1, queries, keys]`` (bool): keys that are not padding and, with a window, at most ``window``
+    positions from the query."""
+    mask = attend[:, None, None, :]
+    if window is None:
+        return mask
+    positions = jnp.arange(attend.shape[1])
+    band = jnp.abs(positions[:, None] - positions[None, :]) <= window
+    return mask & band[None, None]
+
+
+def explicit_masked_attention(q, k, v, mask, dropout=None, training=False):
+    """Attention written out: scores, softmax in float32 over the keys ``mask`` allows, ``dropout`` (a Keras
+    layer) on the probabilities, the weighted sum; ``[batch, length, heads, head_size]`` in and out."""
+    q, k, v = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+    scores = jnp.matmul(q, jnp.transpose(k, (0, 1, 3, 2))).astype(jnp.float32) / math.sqrt(q.shape[-1])
+    probs = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1).astype(q.dtype)
+    if dropout is not None:
+        probs = dropout(probs, training=training)
+    return jnp.transpose(jnp.matmul(probs, v), (0, 2, 1, 3))
+
+
+def windowed_attention(q, k, v, mask):
+    """XLA's fused attention under a full ``[batch, 1, queries, keys]`` mask (float16 computed in float32 off a
+    GPU, where XLA refuses its mixed float16 dots, as :func:`..model.fused_attention` does)."""
+    if q.dtype == jnp.float16 and jax.default_backend() != "gpu":
+        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
+                                            implementation="xla").astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+class ModernBertLayer(keras.layers.Layer):
+    """One pre-LN layer: ``x + Wo(attention(attn_norm(x)))``, then ``x + mlp(mlp_norm(x))``."""
+
+    def __init__(self, config: ModernBertConfig, make: _Make, index: int, attention: str = "auto", **kwargs):
+        super().__init__(dtype=make.dtype, **kwargs)
+        h, inner = config.hidden_size, config.intermediate_size
+        self.heads, self.attention = config.num_attention_heads, attention
+        self.is_global = config.layer_is_global(index)
+        self.window = None if self.is_global else config.local_attention // 2
+        self.attn_norm = make.norm("attn_norm") if index else None  # transformers: Identity in layer 0
+        self.wqkv = make.dense(3 * h, "Wqkv", config.attention_bias, make.std_in)
+        self.attn_out = make.dense(h, "attn_Wo", config.attention_bias, make.std_out)
+        self.mlp_norm = make.norm("mlp_norm")
+        self.wi = make.dense(2 * inner, "Wi", config.mlp_bias, make.std_in)
+        self.mlp_out = make.dense(h, "mlp_Wo", config.mlp_bias, make.std_out)
+        self.gelu = activation(config.hidden_activation)
+        self.probs_dropout = make.dropout(config.attention_dropout)
+        self.attn_dropout = make.dropout(config.attention_dropout)
+        self.mlp_dropout = make.dropout(config.mlp_dropout)
+
+    def context(self, x, attend, rope, training=False):
+        """The attention context ``[batch, length, hidden]`` before ``Wo``."""
+        batch, length, width = x.shape
+        qkv = ops.reshape(self.wqkv(x), (batch, length, 3, self.heads, width // self.heads))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0):
+            context = explicit_masked_attention(q, k, v, attention_mask(attend, self.window), self.probs_dropout,
+                                                training)
+        elif self.is_global:
+            context = fused_attention(q, k, v, attend, self.attention)
+        else:
+            context = windowed_attention(q, k, v, attention_mask(attend, self.window))
+        return ops.reshape(context, x.shape)
+
+    def call(self, x, attend, cos, sin, training=False):
+        normed = self.attn_norm(x) if self.attn_norm is not None else x
+        x = x + self.attn_dropout(self.attn_out(self.context(normed, attend, (cos, sin), training)), training=training)
+        gate_input, gate = ops.split(self.wi(self.mlp_norm(x)), 2, axis=-1)
+        return x + self.mlp_out(self.mlp_dropout(self.gelu(gate_input) * gate, training=training))
+
+
+class PretrainingModernBert(keras.Model):
+    """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits]`` (float32 ``[batch, predictions,
+    vocab]``): :class:`..model.PretrainingBert`'s contract. ``segment_ids`` are accepted and ignored (ModernBERT
+    has no token types); the head runs at the masked positions only. ``attention``: one of
+    :data:`..model.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
+    """
+
+    def __init__(self, config: ModernBertConfig, dtype=None, attention: str | None = None, **kwargs):
+        super().__init__(name="modernbert", dtype=dtype, **kwargs)
+        make = _Make(config, dtype)
+        self.config, self.attention, self.with_nsp = config, attention_path(attention), False
+        h = config.hidden_size
+        self.token_embedding = keras.layers.Embedding(
+            config.vocab_size, h, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=make.std_in),
+            name="tok_embeddings", dtype=dtype)
+        self.embedding_norm = make.norm("embedding_norm")
+        self.embedding_dropout = make.dropout(config.embedding_dropout)
+        self.blocks = [ModernBertLayer(config, make, i, self.attention, name=f"layer_{i}")
+                       for i in range(config.num_hidden_layers)]
+        self.final_norm = make.norm("final_norm")
+        self.head_dense = make.dense(h, "head_dense", config.classifier_bias, make.std_out)
+        self.head_activation = activation(config.classifier_activation)
+        self.head_norm = make.norm("head_norm")
+        self.decoder = None if config.tie_word_embeddings else make.dense(
+            config.vocab_size, "decoder", config.decoder_bias, make.std_out)
+        self.decoder_bias = Bias(name="decoder_bias", dtype=dtype) if (
+            config.tie_word_embeddings and config.decoder_bias) else None
+
+    def encode(self, input_ids, segment_ids=None, training=False):
+        """The last hidden states ``[batch, length, hidden]``, after the final norm."""
+        config, length = self.config, input_ids.shape[1]
+        x = self.embedding_dropout(self.embedding_norm(self.token_embedding(input_ids)), training=training)
+        attend = input_ids != config.pad_token_id
+        tables = {theta: rotary_tables(length, config.head_size, theta)
+                  for theta in (config.global_rope_theta, config.local_rope_theta)}
+        for block in self.blocks:
+            cos, sin = tables[config.global_rope_theta if block.is_global else config.local_rope_theta]
+            x = block(x, attend, cos, sin, training=training)
+        return self.final_norm(x)
+
+    def call(self, inputs, training=False):
+        input_ids, segment_ids, positions = inputs
+        sequence = self.encode(input_ids, segment_ids, training)
+        gathered = ops.take_along_axis(sequence, ops.cast(positions, "int32")[:, :, None], axis=1)
+        x = self.head_norm(self.head_activation(self.head_dense(gathered)))
+        if self.decoder is not None:
+            return [ops.cast(self.decoder(x), "float32")]
+        logits = ops.matmul(x, ops.transpose(ops.cast(self.token_embedding.embeddings, self.compute_dtype)))
+        if self.decoder_bias is not None:
+            logits = self.decoder_bias(logits)
+        return [ops.cast(logits, "float32")]
+
+
+def build_modernbert(config: ModernBertConfig, max_seq_length: int, max_predictions_per_seq: int, dtype=None,
+                     attention: str | None = None) -> PretrainingModernBert:
+    """The model with its weights created by one symbolic call (shapes only), as :func:`..model.build_model`."""
+    config.check_sequence_length(max_seq_length)
+    model = PretrainingModernBert(config, dtype=dtype, attention=attention)
+    tokens = keras.KerasTensor((1, max_seq_length), "int32")
+    model([tokens, tokens, keras.KerasTensor((1, max_predictions_per_seq), "int32")])
+    return model
+
+
+def _linear(out: dict, name: str, layer) -> None:
+    out[f"{name}.weight"] = layer.kernel
+    if layer.use_bias:
+        out[f"{name}.bias"] = layer.bias
+
+
+def _norm(out: dict, name: str, layer) -> None:
+    out[f"{name}.weight"] = layer.gamma
+    if layer.center:
+        out[f"{name}.bias"] = layer.beta
+
+
+def hf_variables(model: PretrainingModernBert) -> dict[str, keras.Variable]:
+    """Every weight of the model under its ``ModernBertForMaskedLM`` state-dict name. Linear kernels are Keras's
+    ``[in, out]`` (transformers stores ``[out, in]``: see :func:`to_hf`); a tied decoder has no entry of its own."""
+    out = {EMBEDDINGS: model.token_embedding.embeddings}
+    _norm(out, "model.embeddings.norm", model.embedding_norm)
+    for i, block in enumerate(model.blocks):
+        prefix = f"model.layers.{i}."
+        if block.attn_norm is not None:
+            _norm(out, f"{prefix}attn_norm", block.attn_norm)
+        _linear(out, f"{prefix}attn.Wqkv", block.wqkv)
+        _linear(out, f"{prefix}attn.Wo", block.attn_out)
+        _norm(out, f"{prefix}mlp_norm", block.mlp_norm)
+        _linear(out, f"{prefix}mlp.Wi", block.wi)
+        _linear(out, f"{prefix}mlp.Wo", block.mlp_out)
+    _norm(out, "model.final_norm", model.final_norm)
+    _linear(out, "head.dense", model.head_dense)
+    _norm(out, "head.norm", model.head_norm)
+    if model.decoder is not None:
+        _linear(out, "decoder", model.decoder)
+    elif model.decoder_bias is not None:
+        out["decoder.bias"] = model.decoder_bias.bias
+    return out
+
+
+def to_hf(name: str, value: np.ndarray) -> np.ndarray:
+    """A model array in transformers' layout: Linear kernels transposed to ``[out, in]``."""
+    return value.T if value.ndim == 2 and name != EMBEDDINGS else value
+
+
+def hf_weights(model: PretrainingModernBert) -> dict[str, np.ndarray]:
+    """Every weight by transformers' name and layout (float32); a tied ``decoder.weight`` is left out, as
+    transformers' ``save_pretrained`` leaves it out (it ties it again on loading)."""
+    return {name: np.ascontiguousarray(to_hf(name, np.asarray(variable.value, np.float32)))
+            for name, variable in hf_variables(model).items()}
+
+
+def assign_hf_weights(model: PretrainingModernBert, weights: dict[str, np.ndarray], source: str
+                      ) -> tuple[list, list]:
+    """Load weights given by transformers' names and layout (a state dict, a ``model.safetensors``); returns
+    (loaded, missing) names. A ``decoder.weight`` given to a tied model must equal the embeddings it is tied to."""
+    variables = hf_variables(model)
+    loaded = [name for name in variables if name in weights]
+    missing = [name for name in variables if name not in weights]
+    if not loaded:
+        raise UserInputError(f"{source} holds no ModernBERT weights that this model uses.")
+    values = {}
+    for name in loaded:
+        value = np.asarray(weights[name], np.float32)
+        needed = tuple(to_hf(name, np.empty(variables[name].shape, np.float32)).shape)
+        if tuple(value.shape) != needed:
+            raise UserInputError(f"{source}: {name} has shape {tuple(value.shape)} but the model needs {needed}; "
+                                 "build the model from the checkpoint's config.")
+        values[name] = to_hf(name, value)
+    if DECODER in weights and DECODER not in variables:
+        tied = values.get(EMBEDDINGS, np.asarray(variables[EMBEDDINGS].value, np.float32))
+        if np.shape(weights[DECODER]) != tied.shape or not np.array_equal(np.asarray(weights[DECODER], np.float32),
+                                                                          tied):
+            raise UserInputError(f"{source}: {DECODER} differs from {EMBEDDINGS}, but this model ties them "
+                                 "(tie_word_embeddings); build it with tie_word_embeddings false.")
+    for name, value in values.items():
+        variables[name].assign(value)
+    return loaded, missing
