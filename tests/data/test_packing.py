@@ -10,7 +10,7 @@ from tpu_pretrain.config import Config
 from tpu_pretrain.data.corpus import CorpusReader
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.data_folder import Manifest, ShardStats
-from tpu_pretrain.data.instances import InstanceSpec, SequencePacker
+from tpu_pretrain.data.instances import InstanceSpec, SequencePacker, TokenBlock
 from tpu_pretrain.data.tfrecord import decode_example, read_records
 from tpu_pretrain.data.tokenization import load_tokenizer
 from tpu_pretrain.data.vocab import build_vocab
@@ -123,15 +123,20 @@ def test_the_packer_cuts_at_word_starts_and_keeps_the_rest():
     def sentence(ids, cont):
         return np.asarray(ids, np.int32), np.asarray(cont, bool)
 
+    def segments(instances):
+        return [list(instances.ids[start:start + length]) for start, length in
+                zip(instances.a_start, instances.a_len, strict=True)]
+
     packer = SequencePacker(spec)  # 6 content tokens per sequence
-    docs = [[sentence([10, 11, 12], [0, 0, 1]), sentence([13, 14], [0, 1])], [sentence([20, 21, 22, 23], [0, 1, 1, 0])]]
-    out = packer.pack(docs)
+    block = TokenBlock([[sentence([10, 11, 12], [0, 0, 1]), sentence([13, 14], [0, 1])],
+                        [sentence([20, 21, 22, 23], [0, 1, 1, 0])]])
+    out = packer.pack([block.document(0), block.document(1)])
     # 10 11 12 13 14 [SEP] | 20 21 22 ... : the first sequence drops its trailing separator
-    assert [list(i.tokens_a) for i in out] == [[10, 11, 12, 13, 14]]
-    out = packer.pack([[sentence([30, 31, 32, 33], [0, 1, 1, 1])]])
+    assert segments(out) == [[10, 11, 12, 13, 14]]
+    out = packer.pack([TokenBlock([[sentence([30, 31, 32, 33], [0, 1, 1, 1])]]).document(0)])
     # 20 21 22 23 [SEP] 30 | 31 ... would split the word 30-33: the cut moves back to its start
-    assert [list(i.tokens_a) for i in out] == [[20, 21, 22, 23]]
-    assert [list(i.tokens_a) for i in packer.finish()] == [[30, 31, 32, 33]] and packer.finish() == []
+    assert segments(out) == [[20, 21, 22, 23]]
+    assert segments(packer.finish()) == [[30, 31, 32, 33]] and packer.finish() is None
 
 
 @needs_corpora

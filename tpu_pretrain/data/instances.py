@@ -5,8 +5,12 @@ a target length (shorter with ``short_seq_prob``), sentences gathered into a chu
 into A and B, B replaced by a span of another document half the time (always when the chunk holds
 one sentence), the longer segment truncated from a random end. Masking follows
 ``create_masked_lm_predictions``: candidates are words (or WordPieces), shuffled, taken greedily
-while they fit the budget, each masked token 80% [MASK], 10% random, 10% unchanged. The per-token
-work of masking runs in NumPy over a whole batch, which is what makes this fast.
+while they fit the budget, each masked token 80% [MASK], 10% random, 10% unchanged.
+
+What makes this fast is that no per-instance work touches tokens in Python: a block's documents are one flat
+token array (:class:`TokenBlock`), so an instance is four numbers, the spans of its segments A and B
+(:class:`Instances`); Google's loop decides the spans on sentence lengths alone, and laying the instances out,
+masking and encoding them runs in NumPy over a whole batch at once.
 
 Deviations, each deliberate: the budget is ``masked_lm_prob`` of the real tokens ([CLS]/[SEP] are
 never candidates, so they are not counted either); random replacements are drawn from real
@@ -44,88 +48,139 @@ class InstanceSpec:
     replacement_ids: np.ndarray  # ids a "random token" may be drawn from
 
 
-@dataclass
-class RawInstance:
-    tokens_a: np.ndarray
-    tokens_b: np.ndarray
-    cont_a: np.ndarray
-    cont_b: np.ndarray
-    is_random_next: bool
-
-
-def document_instances(docs: list[list[Sentence]], doc_index: int, spec: InstanceSpec,
-                       rng: random.Random) -> list[RawInstance]:
-    """Segment pairs from one document, as Google's ``create_instances_from_document`` makes them."""
-    document = docs[doc_index]
-    max_num_tokens = spec.max_seq_length - 3
-    target_seq_length = max_num_tokens
-    if rng.random() < spec.short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
-    instances = []
-    chunk: list[Sentence] = []
-    current_length = 0
-    i = 0
-    while i < len(document):
-        segment = document[i]
-        chunk.append(segment)
-        current_length += len(segment[0])
-        if i == len(document) - 1 or current_length >= target_seq_length:
-            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            part_a = chunk[:a_end]
-            is_random_next = False
-            if spec.nsp and len(docs) > 1 and (len(chunk) == 1 or rng.random() < 0.5):
-                is_random_next = True
-                target_b_length = target_seq_length - sum(len(s[0]) for s in part_a)
-                for _ in range(10):
-                    random_index = rng.randint(0, len(docs) - 1)
-                    if random_index != doc_index:
-                        break
-                random_document = docs[random_index]
-                part_b = []
-                length_b = 0
-                for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
-                    part_b.append(random_document[j])
-                    length_b += len(random_document[j][0])
-                    if length_b >= target_b_length:
-                        break
-                i -= len(chunk) - a_end  # the unused sentences are put back
-            else:
-                part_b = chunk[a_end:]
-            instance = _make_pair(part_a, part_b, is_random_next, max_num_tokens, rng)
-            if instance is not None and (len(instance.tokens_b) or not spec.nsp):
-                instances.append(instance)
-            chunk = []
-            current_length = 0
-        i += 1
-    return instances
-
-
 _EMPTY_IDS = np.zeros(0, dtype=np.int32)
 _EMPTY_FLAGS = np.zeros(0, dtype=bool)
 
 
-def _concat(part: list[Sentence]) -> tuple[np.ndarray, np.ndarray]:
-    if not part:
-        return _EMPTY_IDS, _EMPTY_FLAGS
-    if len(part) == 1:
-        return part[0]
-    return np.concatenate([s[0] for s in part]), np.concatenate([s[1] for s in part])
+class TokenBlock:
+    """A block's documents as one flat token array: every sentence, and so every run of consecutive sentences
+    of a document, is a span of it, so an instance is four numbers rather than arrays cut and joined."""
+
+    def __init__(self, docs: list[list[Sentence]]):
+        sentences = [s for doc in docs for s in doc]
+        self.ids = np.concatenate([s[0] for s in sentences]) if sentences else _EMPTY_IDS
+        self.cont = np.concatenate([s[1] for s in sentences]) if sentences else _EMPTY_FLAGS
+        lengths = [len(s[0]) for s in sentences]
+        starts = np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.int64))).tolist() if lengths else []
+        self.starts: list[list[int]] = []  # per document, its sentences' starts in ids
+        self.lengths: list[list[int]] = []
+        k = 0
+        for doc in docs:
+            self.starts.append(starts[k:k + len(doc)])
+            self.lengths.append(lengths[k:k + len(doc)])
+            k += len(doc)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def document(self, index: int) -> Sentence:
+        """A document's tokens (a view)."""
+        begin = self.starts[index][0]
+        end = self.starts[index][-1] + self.lengths[index][-1]
+        return self.ids[begin:end], self.cont[begin:end]
 
 
-def _make_pair(part_a, part_b, is_random_next, max_num_tokens, rng) -> RawInstance | None:
-    ids_a, cont_a = _concat(part_a)
-    ids_b, cont_b = _concat(part_b)
-    la, lb = len(ids_a), len(ids_b)
-    cut_a, cut_b = truncation_counts(la, lb, max_num_tokens)
-    if cut_a:
-        front = bin(rng.getrandbits(cut_a)).count("1")  # each removal from the front with p=0.5
-        ids_a, cont_a = ids_a[front:la - cut_a + front], cont_a[front:la - cut_a + front]
-    if cut_b:
-        front = bin(rng.getrandbits(cut_b)).count("1")
-        ids_b, cont_b = ids_b[front:lb - cut_b + front], cont_b[front:lb - cut_b + front]
-    if len(ids_a) < 1:
-        return None
-    return RawInstance(ids_a, ids_b, cont_a, cont_b, is_random_next)
+@dataclass
+class Instances:
+    """Instances as spans of one flat token array: segment A is ``ids[a_start:a_start + a_len]``, B likewise
+    (``b_len`` 0: no B), with whether B is a random next segment."""
+
+    ids: np.ndarray
+    cont: np.ndarray
+    a_start: np.ndarray
+    a_len: np.ndarray
+    b_start: np.ndarray
+    b_len: np.ndarray
+    random_next: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.a_start)
+
+    @staticmethod
+    def join(parts: list[Instances]) -> Instances:
+        """One batch of several; spans into different token arrays are moved onto one array."""
+        if len(parts) == 1:
+            return parts[0]
+        shared = all(p.ids is parts[0].ids for p in parts)
+        offsets = np.zeros(len(parts), dtype=np.int64) if shared \
+            else np.concatenate(([0], np.cumsum([len(p.ids) for p in parts[:-1]])))
+        ids = parts[0].ids if shared else np.concatenate([p.ids for p in parts])
+        cont = parts[0].cont if shared else np.concatenate([p.cont for p in parts])
+        joined = {f: np.concatenate([p.__dict__[f] + offset if f.endswith("start") else p.__dict__[f]
+                                     for p, offset in zip(parts, offsets, strict=True)])
+                  for f in ("a_start", "a_len", "b_start", "b_len", "random_next")}
+        return Instances(ids, cont, **joined)
+
+
+class PairMaker:
+    """Segment pairs of a :class:`TokenBlock`'s documents, as Google's ``create_instances_from_document`` makes
+    them, gathered as spans (:meth:`take` hands over what was made)."""
+
+    def __init__(self, block: TokenBlock, spec: InstanceSpec):
+        self.block, self.spec = block, spec
+        self.spans: list[tuple[int, int, int, int, bool]] = []
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def take(self) -> Instances:
+        spans = np.asarray(self.spans, dtype=np.int64).reshape(-1, 5)
+        self.spans = []
+        return Instances(self.block.ids, self.block.cont, spans[:, 0], spans[:, 1], spans[:, 2], spans[:, 3],
+                         spans[:, 4].astype(bool))
+
+    def add_document(self, doc_index: int, rng: random.Random) -> None:
+        """Segment pairs from one document (Google's loop, on sentence lengths and offsets)."""
+        spec, block = self.spec, self.block
+        starts, lengths = block.starts[doc_index], block.lengths[doc_index]
+        n, n_docs = len(lengths), len(block)
+        max_num_tokens = spec.max_seq_length - 3
+        target_seq_length = max_num_tokens
+        if rng.random() < spec.short_seq_prob:
+            target_seq_length = rng.randint(2, max_num_tokens)
+        first = current_length = i = 0  # the chunk is sentences first..i
+        while i < n:
+            current_length += lengths[i]
+            if i == n - 1 or current_length >= target_seq_length:
+                size = i - first + 1
+                a_end = rng.randint(1, size - 1) if size >= 2 else 1
+                a_start = starts[first]
+                a_len = starts[first + a_end - 1] + lengths[first + a_end - 1] - a_start
+                if spec.nsp and n_docs > 1 and (size == 1 or rng.random() < 0.5):
+                    b_start, b_len = self._random_segment(doc_index, target_seq_length - a_len, rng)
+                    i -= size - a_end  # the unused sentences are put back
+                    self._pair(a_start, a_len, b_start, b_len, True, max_num_tokens, rng)
+                else:
+                    b_start = a_start + a_len
+                    self._pair(a_start, a_len, b_start, starts[i] + lengths[i] - b_start, False, max_num_tokens, rng)
+                first, current_length = i + 1, 0
+            i += 1
+
+    def _random_segment(self, doc_index: int, target_b_length: int, rng: random.Random) -> tuple[int, int]:
+        """Sentences from a random point of another document until they reach the target length."""
+        for _ in range(10):
+            random_index = rng.randint(0, len(self.block) - 1)
+            if random_index != doc_index:
+                break
+        starts, lengths = self.block.starts[random_index], self.block.lengths[random_index]
+        j = rng.randint(0, len(lengths) - 1)
+        length_b = 0
+        for length in lengths[j:]:
+            length_b += length
+            if length_b >= target_b_length:
+                break
+        return starts[j], length_b
+
+    def _pair(self, a_start, a_len, b_start, b_len, is_random_next, max_num_tokens, rng) -> None:
+        cut_a, cut_b = truncation_counts(a_len, b_len, max_num_tokens)
+        if cut_a:  # each removal from the front with p=0.5
+            a_start += bin(rng.getrandbits(cut_a)).count("1")
+            a_len -= cut_a
+        if cut_b:
+            b_start += bin(rng.getrandbits(cut_b)).count("1")
+            b_len -= cut_b
+        if a_len >= 1 and (b_len or not self.spec.nsp):
+            self.spans.append((a_start, a_len, b_start, b_len, is_random_next))
 
 
 def truncation_counts(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
@@ -154,22 +209,23 @@ class SequencePacker:
         self.sep_id = spec.sep_id
         self.tail = (_EMPTY_IDS, _EMPTY_FLAGS)
 
-    def pack(self, docs: list[list[Sentence]]) -> list[RawInstance]:
-        """Full sequences from what is left over and then ``docs`` in order; the rest is kept."""
+    def pack(self, docs: list[Sentence]) -> Instances:
+        """Full sequences from what is left over and then ``docs`` (each a document's tokens) in order; the rest
+        is kept."""
         parts_ids, parts_cont = [self.tail[0]], [self.tail[1]]
         separator, no_flag = np.array([self.sep_id], dtype=np.int32), np.zeros(1, dtype=bool)
         length = len(self.tail[0])
-        for doc in docs:
+        for doc_ids, doc_cont in docs:
             if length:  # a document that does not start a sequence follows a [SEP]
                 parts_ids.append(separator)
                 parts_cont.append(no_flag)
-            parts_ids.extend(s[0] for s in doc)
-            parts_cont.extend(s[1] for s in doc)
-            length += 1 + sum(len(s[0]) for s in doc)
+            parts_ids.append(doc_ids)
+            parts_cont.append(doc_cont)
+            length += 1 + len(doc_ids)
         ids, cont = np.concatenate(parts_ids), np.concatenate(parts_cont)
         # The last word start at or before each position: where a cut may fall without splitting a word.
         word_start = np.maximum.accumulate(np.where(cont, 0, np.arange(len(ids))))
-        instances, start, n = [], 0, len(ids)
+        spans, start, n = [], 0, len(ids)
         while True:
             while start < n and ids[start] == self.sep_id:
                 start += 1  # a sequence never starts with a document separator
@@ -178,27 +234,34 @@ class SequencePacker:
                 break
             if end < n and cont[end] and word_start[end] > start:
                 end = word_start[end]  # the word that does not fit goes to the next sequence whole
-            instances.append(self._instance(ids, cont, start, end))
+            spans.append(self._span(ids, start, end))
             start = end
         self.tail = (ids[start:], cont[start:])
-        return instances
+        return _single_segments(ids, cont, spans)
 
-    def finish(self) -> list[RawInstance]:
+    def finish(self) -> Instances | None:
         """The last, partly filled sequence (if anything is left)."""
         ids, cont = self.tail
         self.tail = (_EMPTY_IDS, _EMPTY_FLAGS)
         if not np.count_nonzero(ids != self.sep_id):
-            return []
-        return [self._instance(ids, cont, 0, len(ids))]
+            return None
+        return _single_segments(ids, cont, [self._span(ids, 0, len(ids))])
 
-    def _instance(self, ids, cont, start, end) -> RawInstance:
+    def _span(self, ids, start, end) -> tuple[int, int]:
         if end - start > 1 and ids[end - 1] == self.sep_id:
             end -= 1  # the closing [SEP] ends the sequence: no separator right before it
-        return RawInstance(ids[start:end], _EMPTY_IDS, cont[start:end], _EMPTY_FLAGS, False)
+        return start, end - start
 
 
-def mask_batch(instances: list[RawInstance], spec: InstanceSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Feature arrays of a batch of instances in the original BERT schema, masked."""
+def _single_segments(ids: np.ndarray, cont: np.ndarray, spans: list[tuple[int, int]]) -> Instances:
+    a = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    none = np.zeros(len(a), dtype=np.int64)
+    return Instances(ids, cont, a[:, 0], a[:, 1], none, none, np.zeros(len(a), dtype=bool))
+
+
+def mask_batch(instances: Instances, spec: InstanceSpec, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], int]:
+    """Feature arrays of a batch of instances in the original BERT schema, masked, and how many real tokens
+    (neither [CLS], [SEP] nor padding) they hold."""
     tokens, segment_ids, real, cont, lengths = _layout(instances, spec)
     input_mask = (np.arange(spec.max_seq_length)[None, :] < lengths[:, None]).astype(np.int32)
     selected = _select_masked(real, cont, spec, rng)
@@ -215,42 +278,39 @@ def mask_batch(instances: list[RawInstance], spec: InstanceSpec, rng: np.random.
     masked_lm_positions[sel_rows, rank] = sel_cols
     masked_lm_ids[sel_rows, rank] = originals
     masked_lm_weights[sel_rows, rank] = 1.0
-    return {
+    features = {
         "input_ids": input_ids,
         "input_mask": input_mask,
         "segment_ids": segment_ids,
         "masked_lm_positions": masked_lm_positions,
         "masked_lm_ids": masked_lm_ids,
         "masked_lm_weights": masked_lm_weights,
-        "next_sentence_labels": np.array([[int(i.is_random_next)] for i in instances], dtype=np.int32),
+        "next_sentence_labels": instances.random_next.astype(np.int32)[:, None],
     }
+    return features, int(np.count_nonzero(real))
 
 
-def _layout(instances: list[RawInstance], spec: InstanceSpec):
-    """[CLS] A [SEP] (B [SEP]) per row: token ids, segment ids, which tokens are real, which continue a
-    word, and each row's length."""
-    n, length = len(instances), spec.max_seq_length
-    tokens = np.zeros((n, length), dtype=np.int32)
-    segment_ids = np.zeros((n, length), dtype=np.int32)
-    real = np.zeros((n, length), dtype=bool)
-    cont = np.zeros((n, length), dtype=bool)
-    lengths = np.zeros(n, dtype=np.int64)
-    for row, inst in enumerate(instances):
-        la, lb = len(inst.tokens_a), len(inst.tokens_b)
-        tokens[row, 0] = spec.cls_id
-        tokens[row, 1:1 + la] = inst.tokens_a
-        tokens[row, 1 + la] = spec.sep_id
-        real[row, 1:1 + la] = inst.tokens_a != spec.sep_id  # packed documents' separators are not masked
-        cont[row, 1:1 + la] = inst.cont_a
-        total = 2 + la
-        if lb:
-            tokens[row, total:total + lb] = inst.tokens_b
-            real[row, total:total + lb] = True
-            cont[row, total:total + lb] = inst.cont_b
-            tokens[row, total + lb] = spec.sep_id
-            segment_ids[row, total:total + lb + 1] = 1
-            total += lb + 1
-        lengths[row] = total
+def _layout(inst: Instances, spec: InstanceSpec):
+    """[CLS] A [SEP] (B [SEP]) per row, gathered from the spans at once: token ids, segment ids, which tokens are
+    real, which continue a word, and each row's length."""
+    col = np.arange(spec.max_seq_length)[None, :]
+    a_len, b_len = inst.a_len[:, None], inst.b_len[:, None]
+    b_first = a_len + 2
+    in_a = (col >= 1) & (col <= a_len)
+    in_b = (col >= b_first) & (col < b_first + b_len)
+    source = np.where(in_a, inst.a_start[:, None] + col - 1, np.where(in_b, inst.b_start[:, None] + col - b_first, 0))
+    inside = in_a | in_b
+    gathered = inst.ids[source] if len(inst.ids) else np.zeros(source.shape, dtype=np.int32)
+    tokens = np.where(inside, gathered, 0).astype(np.int32)
+    cont = inside & (inst.cont[source] if len(inst.cont) else False)
+    real = (in_a & (tokens != spec.sep_id)) | in_b  # packed documents' separators are not masked
+    rows = np.arange(len(inst))
+    has_b = inst.b_len > 0
+    tokens[:, 0] = spec.cls_id
+    tokens[rows, 1 + inst.a_len] = spec.sep_id
+    tokens[rows[has_b], (b_first[:, 0] + inst.b_len)[has_b]] = spec.sep_id
+    segment_ids = (has_b[:, None] & (col >= b_first) & (col <= b_first + b_len)).astype(np.int32)
+    lengths = 2 + inst.a_len + np.where(has_b, inst.b_len + 1, 0)
     return tokens, segment_ids, real, cont, lengths
 
 
@@ -271,19 +331,26 @@ def _select_masked(real: np.ndarray, cont: np.ndarray, spec: InstanceSpec, rng: 
                         np.maximum(1, np.round(n_real * spec.masked_lm_prob))).astype(np.int64)
 
     keys = rng.random((n, width))
-    keys[np.arange(width)[None, :] >= n_words[:, None]] = 2.0
+    valid = np.arange(width)[None, :] < n_words[:, None]
+    keys[~valid] = 2.0
     order = np.argsort(keys, axis=1)
-    chosen = np.zeros((n, width), dtype=bool)
-    taken = np.zeros(n, dtype=np.int64)
+    ordered_len = np.take_along_axis(word_len, order, axis=1)
+    # Greedy in the random order: every word fits until the budget is first overrun (one cumulative sum finds
+    # where, for all rows at once); only after that may a later, shorter word still fit, which the loop decides.
+    fitting = np.cumsum(np.where(valid, ordered_len, 0), axis=1) <= budget[:, None]
+    taken_in_order = np.logical_and.accumulate(fitting | ~valid, axis=1) & valid
+    taken = (ordered_len * taken_in_order).sum(axis=1)
+    settled = taken_in_order | ~valid
+    first_overrun = int(np.where(settled.all(axis=1), width, np.argmin(settled, axis=1)).min()) if n else width
     row_index = np.arange(n)
-    for t in range(width):
-        word = order[:, t]
-        wl = word_len[row_index, word]
-        fits = (t < n_words) & (taken + wl <= budget)
-        chosen[row_index, word] = fits
-        taken += wl * fits
+    for t in range(first_overrun, width):
+        fits = valid[:, t] & ~taken_in_order[:, t] & (taken + ordered_len[:, t] <= budget)
+        taken_in_order[:, t] |= fits
+        taken += ordered_len[:, t] * fits
         if t % 8 == 7 and np.all((taken >= budget) | (t + 1 >= n_words)):
             break
+    chosen = np.zeros((n, width), dtype=bool)
+    chosen[row_index[:, None], order] = taken_in_order
     return real & chosen[rows, np.maximum(word_of, 0)]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..storage.local import write_text_atomic
 from .data_folder import TRAIN, ShardStats, sha256_file, shard_name, shard_stats_name
-from .instances import InstanceSpec, RawInstance, Sentence, SequencePacker, document_instances, mask_batch
+from .instances import Instances, InstanceSpec, PairMaker, Sentence, SequencePacker, TokenBlock, mask_batch
 from .tfrecord import AtomicRecordWriter, encode_examples
 from .vocab import replacement_ids
 
@@ -160,7 +160,7 @@ class ShardWriter:
         )
         self.packer = SequencePacker(self.spec) if settings["pack_sequences"] else None
 
-    def tokenize_block(self, block: list[list[str]]) -> list[list[Sentence]]:
+    def tokenize_block(self, block: list[list[str]]) -> TokenBlock:
         sentences = [s for doc in block for s in doc]
         if self.settings["chinese_whole_word"]:
             encoded = chinese_word_continuations(self.tokenizer, sentences)
@@ -174,56 +174,56 @@ class ShardWriter:
             k += len(doc)
             if sents:
                 docs.append(sents)
-        return docs
+        return TokenBlock(docs)
 
     def block_records(self, block: list[list[str]], block_number: int, stats: ShardStats) -> list[bytes]:
-        docs = self.tokenize_block(block)
-        stats.documents += len(docs)
-        stats.sentences += sum(len(d) for d in docs)
-        stats.tokens += sum(len(s[0]) for d in docs for s in d)
+        tokens = self.tokenize_block(block)
+        stats.documents += len(tokens)
+        stats.sentences += sum(len(d) for d in tokens.lengths)
+        stats.tokens += len(tokens.ids)
         rng, np_rng = self._rngs(block_number)
         records: list[bytes] = []
-        pending: list[RawInstance] = []
-        for instances in self._instances(docs, rng):
-            pending.extend(instances)
-            if len(pending) >= BATCH:
-                records.extend(self._encode(pending, np_rng, stats))
+        pending: list[Instances] = []
+        for instances in self._instances(tokens, rng):
+            pending.append(instances)
+            if sum(len(p) for p in pending) >= BATCH:
+                records.extend(self._encode(Instances.join(pending), np_rng, stats))
                 pending = []
         if pending:
-            records.extend(self._encode(pending, np_rng, stats))
+            records.extend(self._encode(Instances.join(pending), np_rng, stats))
         rng.shuffle(records)
         return records
 
-    def _instances(self, docs: list[list[Sentence]], rng: random.Random) -> Iterator[list[RawInstance]]:
+    def _instances(self, tokens: TokenBlock, rng: random.Random) -> Iterator[Instances]:
         """``dupe_factor`` passes over the block: segment pairs per document, or packed sequences."""
+        pairs = PairMaker(tokens, self.spec)
         for _ in range(self.settings["dupe_factor"]):
             if self.packer is not None:  # each pass in its own document order
-                order = list(range(len(docs)))
+                order = list(range(len(tokens)))
                 rng.shuffle(order)
-                yield self.packer.pack([docs[i] for i in order])
-            else:
-                for doc_index in range(len(docs)):
-                    yield document_instances(docs, doc_index, self.spec, rng)
+                yield self.packer.pack([tokens.document(i) for i in order])
+                continue
+            for doc_index in range(len(tokens)):
+                pairs.add_document(doc_index, rng)
+                if len(pairs) >= BATCH:
+                    yield pairs.take()
+        if len(pairs):
+            yield pairs.take()
 
     def last_records(self, block_number: int, stats: ShardStats) -> list[bytes]:
         """What packing left over after the last block: the shard's one partly filled sequence."""
-        if self.packer is None:
-            return []
-        last = self.packer.finish()
-        return self._encode(last, self._rngs(block_number)[1], stats) if last else []
+        last = self.packer.finish() if self.packer is not None else None
+        return self._encode(last, self._rngs(block_number)[1], stats) if last is not None else []
 
     def _rngs(self, block_number: int) -> tuple[random.Random, np.random.Generator]:
         seed = [*self.seed, block_number]
         return random.Random(hash_seed(seed)), np.random.Generator(np.random.PCG64(seed))
 
-    def _encode(self, instances: list[RawInstance], np_rng, stats: ShardStats) -> list[bytes]:
-        batch = mask_batch(instances, self.spec, np_rng)
-        sep = self.spec.sep_id
+    def _encode(self, instances: Instances, np_rng, stats: ShardStats) -> list[bytes]:
+        batch, real_tokens = mask_batch(instances, self.spec, np_rng)
         stats.instances += len(instances)
         stats.masked_tokens += int(batch["masked_lm_weights"].sum())
-        if instances:  # one count over the batch: thousands of short instances made a per-instance call costly
-            stats.real_tokens += int(np.count_nonzero(np.concatenate([i.tokens_a for i in instances]) != sep)) \
-                + sum(len(i.tokens_b) for i in instances)
+        stats.real_tokens += real_tokens
         stats.random_next += int(batch["next_sentence_labels"].sum())
         return encode_examples(batch)
 

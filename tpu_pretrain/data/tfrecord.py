@@ -37,24 +37,23 @@ def _len_prefix(length: int) -> bytes:
     return _SMALL_VARINTS[length] if length < (1 << 14) else _varint(length)
 
 
-def _packed_varints(values: np.ndarray) -> list[bytes]:
-    """Each row of a non-negative int matrix as protobuf packed varints (vectorised over the batch)."""
-    v = values.astype(np.uint64, copy=False)
+def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of a non-negative int matrix as protobuf packed varints: all rows' bytes one after another, and
+    each row's byte count (vectorised over the batch, one pass per byte a value may need)."""
+    largest = int(values.max()) if values.size else 0
+    v = values.reshape(-1).astype(np.uint32 if largest < 1 << 32 else np.uint64, copy=False)
     nbytes = np.ones(v.shape, dtype=np.int64)
-    largest = int(v.max()) if v.size else 0
-    for k in range(1, 10):
-        if largest < 1 << (7 * k):  # no value needs more bytes: skip the remaining full passes
-            break
-        nbytes += v >= np.uint64(1 << (7 * k))
-    max_bytes = int(nbytes.max()) if v.size else 1
-    shifts = (np.arange(max_bytes, dtype=np.uint64) * np.uint64(7))[None, None, :]
-    groups = ((v[:, :, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    k = np.arange(max_bytes)[None, None, :]
-    groups |= np.where(k < nbytes[:, :, None] - 1, np.uint8(0x80), np.uint8(0)).astype(np.uint8)
-    flat = groups[k < nbytes[:, :, None]].tobytes()
-    ends = np.cumsum(nbytes.sum(axis=1))
-    starts = np.concatenate(([0], ends[:-1]))
-    return [flat[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+    planes = 1
+    while largest >= 1 << (7 * planes):
+        nbytes += v >= (1 << (7 * planes))
+        planes += 1
+    starts = np.cumsum(nbytes) - nbytes
+    out = np.empty(int(starts[-1] + nbytes[-1]) if v.size else 0, dtype=np.uint8)
+    for k in range(planes):
+        at = slice(None) if k == 0 else nbytes > k
+        group = ((v[at] >> (7 * k)) & 0x7F).astype(np.uint8)
+        out[starts[at] + k] = group | np.where(nbytes[at] > k + 1, np.uint8(0x80), np.uint8(0))
+    return out, nbytes.reshape(values.shape).sum(axis=1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -74,28 +73,54 @@ def _entry_head(name: str, is_float: bool, payload_length: int) -> bytes:
     return b"\x0a" + _len_prefix(len(body_head) + payload_length) + body_head
 
 
+def _rows_of(pieces: list[bytes], which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row ``i`` is ``pieces[which[i]]``: all rows' bytes one after another, and each row's byte count."""
+    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+    table = np.zeros((len(pieces), max(int(lengths.max()), 1)), dtype=np.uint8)
+    for i, piece in enumerate(pieces):
+        table[i, :len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+    rows = table[which]
+    return rows[np.arange(table.shape[1])[None, :] < lengths[which][:, None]], lengths[which]
+
+
+def _payload(values: np.ndarray, is_float: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A feature's packed values for every row: bytes one after another, and each row's byte count."""
+    if not is_float:
+        return _varint_rows(values)
+    raw = np.ascontiguousarray(values, dtype="<f4").view(np.uint8).reshape(-1)
+    return raw, np.full(len(values), values.shape[1] * 4, dtype=np.int64)
+
+
 def encode_examples(batch: dict[str, np.ndarray]) -> list[bytes]:
     """Serialised ``tf.train.Example``s for a batch of feature arrays (one row per example).
 
-    Float arrays are written as ``FloatList``, integer arrays (non-negative) as ``Int64List``.
+    Float arrays are written as ``FloatList``, integer arrays (non-negative) as ``Int64List``. The whole batch is
+    laid out in one buffer at once: each example is a sequence of segments (its tag and length, then per feature
+    the entry's head and its packed values), every segment's bytes are copied to their places in one scatter per
+    segment kind, and the buffer is cut into examples.
     """
     names = sorted(batch)
-    floats = {name: np.issubdtype(np.asarray(batch[name]).dtype, np.floating) for name in names}
     n = len(batch[names[0]])
-    columns: list[list[bytes]] = []
+    segments = []  # per kind: (bytes of every row one after another, each row's count)
     for name in names:
-        if floats[name]:
-            values = np.ascontiguousarray(np.asarray(batch[name], dtype="<f4").reshape(n, -1))
-            raw, width = values.tobytes(), values.shape[1] * 4
-            columns.append([raw[i * width:(i + 1) * width] for i in range(n)])
-        else:
-            columns.append(_packed_varints(np.asarray(batch[name]).reshape(n, -1)))
-    examples = []
-    for payloads in zip(*columns, strict=True):
-        features = b"".join([_entry_head(name, floats[name], len(p)) + p
-                             for name, p in zip(names, payloads, strict=True)])
-        examples.append(b"\x0a" + _len_prefix(len(features)) + features)
-    return examples
+        values = np.asarray(batch[name]).reshape(n, -1)
+        is_float = np.issubdtype(values.dtype, np.floating)
+        payload, lengths = _payload(values, is_float)
+        sizes, which = np.unique(lengths, return_inverse=True)
+        segments += [_rows_of([_entry_head(name, is_float, int(size)) for size in sizes], which), (payload, lengths)]
+    features_length = sum(lengths for _, lengths in segments)
+    sizes, which = np.unique(features_length, return_inverse=True)
+    segments.insert(0, _rows_of([b"\x0a" + _len_prefix(int(size)) for size in sizes], which))
+    sizes = sum(lengths for _, lengths in segments)
+    ends = np.cumsum(sizes)
+    out = np.empty(int(ends[-1]) if n else 0, dtype=np.uint8)
+    offset = ends - sizes  # where each row's next segment goes
+    for data, lengths in segments:
+        sources = np.cumsum(lengths) - lengths
+        out[np.repeat(offset - sources, lengths) + np.arange(len(data))] = data
+        offset = offset + lengths
+    buffer = out.tobytes()
+    return [buffer[a:b] for a, b in zip((ends - sizes).tolist(), ends.tolist(), strict=True)]
 
 
 def read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -168,9 +193,14 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+@functools.lru_cache(maxsize=4096)
+def _frame_head(length: int) -> bytes:
+    header = struct.pack("<Q", length)
+    return header + struct.pack("<I", _masked_crc(header))
+
+
 def frame_record(data: bytes) -> bytes:
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
+    return _frame_head(len(data)) + data + struct.pack("<I", _masked_crc(data))
 
 
 class AtomicRecordWriter:
