@@ -113,3 +113,50 @@ def random_next_share(docs_lengths: list[list[int]], max_seq_length: int, short_
                     chunk, length = [], 0
                 i += 1
     return random_next / total
+
+
+def segment_pairs(docs: list[list[list[int]]], doc_index: int, max_seq_length: int, short_seq_prob: float,
+                  nsp: bool, rng) -> list[tuple[list[int], list[int], bool]]:
+    """Google's ``create_instances_from_document`` on token lists, written out: (A, B, is_random_next) per pair.
+
+    Truncation removes tokens one at a time from the longer segment (B on ties) as ``truncate_seq_pair`` does;
+    how many of a segment's removals come from its front (each with p=0.5) is drawn as a popcount of that many
+    random bits, A's then B's: the order the package draws its random numbers in, so the two compare on one seed.
+    A pair is kept when A is not empty and B is not either (unless without NSP).
+    """
+    document = docs[doc_index]
+    max_num_tokens = max_seq_length - 3
+    target = rng.randint(2, max_num_tokens) if rng.random() < short_seq_prob else max_num_tokens
+    pairs, chunk, length, i = [], [], 0, 0
+    while i < len(document):
+        chunk.append(document[i])
+        length += len(document[i])
+        if i == len(document) - 1 or length >= target:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            tokens_a = [t for s in chunk[:a_end] for t in s]
+            random_next = nsp and len(docs) > 1 and (len(chunk) == 1 or rng.random() < 0.5)
+            if random_next:
+                for _ in range(10):
+                    other = rng.randint(0, len(docs) - 1)
+                    if other != doc_index:
+                        break
+                tokens_b = []
+                for sentence in docs[other][rng.randint(0, len(docs[other]) - 1):]:
+                    tokens_b += sentence
+                    if len(tokens_b) >= target - len(tokens_a):
+                        break
+                i -= len(chunk) - a_end
+            else:
+                tokens_b = [t for s in chunk[a_end:] for t in s]
+            cut = {"a": 0, "b": 0}
+            while len(tokens_a) - cut["a"] + len(tokens_b) - cut["b"] > max_num_tokens:
+                cut["a" if len(tokens_a) - cut["a"] > len(tokens_b) - cut["b"] else "b"] += 1
+            segments = []
+            for tokens, name in ((tokens_a, "a"), (tokens_b, "b")):
+                front = bin(rng.getrandbits(cut[name])).count("1") if cut[name] else 0
+                segments.append(tokens[front:len(tokens) - cut[name] + front])
+            if segments[0] and (segments[1] or not nsp):
+                pairs.append((segments[0], segments[1], random_next))
+            chunk, length = [], 0
+        i += 1
+    return pairs

@@ -1,8 +1,11 @@
 """Packed sequences (RoBERTa's full sentences): full, every token used dupe_factor times in order, masked as
 unpacked data is, whole words kept whole, and eval shards masked at 0.15 whatever the training rate."""
 
+import random
+
 import numpy as np
 import pytest
+from bert_reference import segment_pairs
 from corpora import BERT_SAMPLE, WIKITEXT, ZH_FORTUNES, needs_corpora
 from shard_reading import originals, read_shards
 
@@ -10,7 +13,7 @@ from tpu_pretrain.config import Config
 from tpu_pretrain.data.corpus import CorpusReader
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.data_folder import Manifest, ShardStats
-from tpu_pretrain.data.instances import InstanceSpec, SequencePacker, TokenBlock
+from tpu_pretrain.data.instances import InstanceSpec, PairMaker, SequencePacker, TokenBlock, _select_masked
 from tpu_pretrain.data.tfrecord import decode_example, read_records
 from tpu_pretrain.data.tokenization import load_tokenizer
 from tpu_pretrain.data.vocab import build_vocab
@@ -162,3 +165,59 @@ def test_summary_reports_fill_and_warns_when_sequences_are_mostly_padding():
     assert "fill 0.31" in low and "warning: fill 0.31" in low and "--pack_sequences" in low
     assert "fill 0.94" in summary(1200) and "warning" not in summary(1200)
     assert "warning" not in summary(400, pack_sequences=True)  # packing already does what it can
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+def test_segment_pairs_as_spans_are_googles_pairs(nsp):
+    """The span arithmetic of PairMaker gives, token for token, the pairs the written-out algorithm builds from
+    lists, on documents with sentences longer than a sequence (truncation) and of one sentence (random next)."""
+    lengths = np.random.default_rng(7)
+    next_id = iter(range(1000, 10**6))
+    docs = [[[next(next_id) for _ in range(int(lengths.integers(1, 90)))] for _ in range(int(lengths.integers(1, 6)))]
+            for _ in range(40)]
+    spec = InstanceSpec(max_seq_length=64, max_predictions_per_seq=10, masked_lm_prob=0.15, short_seq_prob=0.3,
+                        do_whole_word_mask=False, nsp=nsp, cls_id=CLS, sep_id=SEP, mask_id=4,
+                        replacement_ids=np.arange(5, 50, dtype=np.int32))
+    block = TokenBlock([[(np.asarray(s, np.int32), np.zeros(len(s), bool)) for s in doc] for doc in docs])
+    maker, ours, reference = PairMaker(block, spec), random.Random(3), random.Random(3)
+    expected = []
+    for _ in range(3):
+        for index in range(len(docs)):
+            maker.add_document(index, ours)
+            expected += segment_pairs(docs, index, spec.max_seq_length, spec.short_seq_prob, nsp, reference)
+    got = maker.take()
+    pairs = [(block.ids[a:a + la].tolist(), block.ids[b:b + lb].tolist(), bool(r)) for a, la, b, lb, r in
+             zip(got.a_start, got.a_len, got.b_start, got.b_len, got.random_next, strict=True)]
+    assert len(pairs) > 100 and pairs == expected
+    assert any(len(a) + len(b) == spec.max_seq_length - 3 for a, b, _ in pairs)  # truncation happened
+
+
+@pytest.mark.parametrize("whole_word", [True, False])
+def test_the_mask_selection_is_the_greedy_walk_over_words_in_random_order(whole_word):
+    draw = np.random.default_rng(11)
+    n, length = 300, 48
+    real = np.arange(length)[None, :] < draw.integers(2, length, n)[:, None]
+    real[:, 0] = False  # [CLS]
+    cont = draw.random((n, length)) < 0.5
+    spec = InstanceSpec(max_seq_length=length, max_predictions_per_seq=7, masked_lm_prob=0.2, short_seq_prob=0,
+                        do_whole_word_mask=whole_word, nsp=False, cls_id=CLS, sep_id=SEP, mask_id=4,
+                        replacement_ids=np.arange(5, 50, dtype=np.int32))
+    chosen = _select_masked(real, cont, spec, np.random.default_rng(5))
+    prev_real = np.zeros_like(real)
+    prev_real[:, 1:] = real[:, :-1]
+    starts = real & ~(cont & prev_real) if whole_word else real
+    width = max(int(starts.sum(axis=1).max()), 1)
+    keys = np.random.default_rng(5).random((n, width))  # the draw _select_masked makes first
+    for row in range(n):
+        words = []  # each word: its positions
+        for position in np.flatnonzero(real[row]):
+            if starts[row, position]:
+                words.append([])
+            words[-1].append(position)
+        budget = min(spec.max_predictions_per_seq, max(1, round(real[row].sum() * spec.masked_lm_prob)))
+        taken, expected = 0, np.zeros(length, bool)
+        for word in np.argsort(np.where(np.arange(width) < len(words), keys[row], 2.0))[:len(words)]:
+            if taken + len(words[word]) <= budget:
+                expected[words[word]] = True
+                taken += len(words[word])
+        assert (chosen[row] == expected).all(), row
