@@ -41,7 +41,12 @@ def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row of a non-negative int matrix as protobuf packed varints: all rows' bytes one after another, and
     each row's byte count (vectorised over the batch, one pass per byte a value may need)."""
     largest = int(values.max()) if values.size else 0
-    v = values.reshape(-1).astype(np.uint32 if largest < 1 << 32 else np.uint64, copy=False)
+    negative = values.size and int(values.min()) < 0  # ten bytes each (two's complement), as protobuf writes them
+    if largest < 0x80 and not negative:  # masks, segment ids, positions, labels: the values are the bytes
+        return values.astype(np.uint8).reshape(-1), np.full(len(values), values.shape[1], dtype=np.int64)
+    small = largest < 1 << 32 and not negative
+    v = values.reshape(-1).astype(np.uint32 if small else np.uint64, copy=False)
+    largest = largest if not negative else (1 << 64) - 1
     nbytes = np.ones(v.shape, dtype=np.int64)
     planes = 1
     while largest >= 1 << (7 * planes):
@@ -215,7 +220,8 @@ class AtomicRecordWriter:
         self.bytes = 0
 
     def write_all(self, records: list[bytes]) -> None:
-        chunk = b"".join(frame_record(r) for r in records)
+        chunk = b"".join([part for r in records
+                          for part in (_frame_head(len(r)), r, struct.pack("<I", _masked_crc(r)))])
         self._sha.update(chunk)
         self._file.write(chunk)
         self.bytes += len(chunk)
