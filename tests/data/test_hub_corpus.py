@@ -149,6 +149,22 @@ def test_create_data_from_the_hub_and_from_parquet_writes_the_text_files_shards(
     assert SECRET not in manifest + done.stdout + done.stderr
 
 
+def test_the_beam_runner_reads_a_hub_dataset_as_the_local_path_does(mirror, vocab, tmp_path):
+    pytest.importorskip("apache_beam", reason="the beam extra is not installed")
+    local = create_pretraining_data(Config.load(input=[DATASET], vocab_file=vocab, output_dir=str(tmp_path / "local"),
+                                                workers=1, **SETTINGS))
+    flags = [f"--{key}={value}" for key, value in SETTINGS.items()]
+    done = subprocess.run([sys.executable, "-m", "tpu_pretrain", "create-data", "--runner", "DirectRunner", "--input",
+                           DATASET, "--vocab_file", vocab, "--output_dir", str(tmp_path / "beam"), *flags],
+                          capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert local.totals("train")["instances"] > 0
+    assert _digests(tmp_path / "beam") == _digests(tmp_path / "local")
+    inputs = json.loads((tmp_path / "beam" / "manifest.json").read_text())["inputs"]
+    assert {(i["dataset"], i["split"]) for i in inputs} == {("owner/docs", "train")}
+    assert SECRET not in done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("url, message", [
     (f"{DATASET}?split=validation", "Dataset owner/docs has no split 'validation' in config 'default' .*splits there: "
                                     "test, train"),
