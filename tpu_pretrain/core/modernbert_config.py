@@ -254,9 +254,15 @@ def vocab_token_ids(tokens: list[str]) -> dict[str, int]:
 
 
 def checkpoint_modernbert_config(init_checkpoint: str) -> ModernBertConfig | None:
-    """The ``config.json`` of a transformers ModernBERT folder given as init_checkpoint, or None without one."""
-    path = Path(init_checkpoint) / "config.json"
-    return ModernBertConfig.from_json_file(path) if init_checkpoint and path.is_file() else None
+    """The config of a ModernBERT given as init_checkpoint: a transformers folder's ``config.json``, or a ModernBERT
+    run's ``modernbert_config.json`` for one of its checkpoints (``RUN/checkpoints/ckpt-N``); None without one."""
+    if not init_checkpoint:
+        return None
+    folder = Path(init_checkpoint)
+    for path in (folder / "config.json", folder.parent.parent / "modernbert_config.json"):
+        if path.is_file() and (path.name == "config.json" or folder.parent.name == "checkpoints"):
+            return ModernBertConfig.from_json_file(path)
+    return None
 
 
 def resolve_modernbert_config(*, model_size: str = "", config_file: str = "", init_checkpoint: str = "",
