@@ -258,6 +258,10 @@ def test_what_a_modernbert_run_refuses(data, reference, tmp_path, capsys):
         train(backend="jax", model_family="bert", model_size="tiny", data_dir=str(data / "data"),
               output_dir=str(resumed), train_batch_size=8, num_train_steps=STEPS + 2, train_seed=3)
     assert "model vocab_size" not in str(caught.value)  # another family: its shape is not listed field by field
+    (resumed / "modernbert_config.json").unlink()
+    assert main(["export", str(resumed)]) == 2
+    assert "holds a training run (checkpoints/, run.json) but not its modernbert_config.json" in " ".join(
+        capsys.readouterr().err.split())
 
     nsp = tmp_path / "nsp"
     create_pretraining_data(Config.load(input=[str(data / "corpus.txt")], vocab_file=str(data / "vocab.txt"),

@@ -148,16 +148,24 @@ class RunFolder:
         missing file (evaluate and export would otherwise take it for some other kind of folder)."""
         if self.is_run() or not self.holds_a_run():
             return
-        missing = [name for name in (CONFIG, BERT_CONFIG) if not (self.path / name).is_file()]
-        if self.modernbert_config_file.is_file():
-            missing = [name for name in missing if name != BERT_CONFIG]
+        shape = MODERNBERT_CONFIG if self._recorded_family() == "modernbert" else BERT_CONFIG
+        missing = [name for name in (CONFIG, shape) if not (self.path / name).is_file()]
         what = " and ".join(missing) or f"a readable {CONFIG} (the one there is not a run's)"
         present = ", ".join(n for n in (f"{CHECKPOINTS}/", IDENTITY) if (self.path / n.rstrip("/")).exists())
         raise UserInputError(
             f"{self.path} holds a training run ({present}) but not its {what}. Copy it back from "
-            f"the run's mirror (mirror_dir keeps {CONFIG} and {BERT_CONFIG} beside the checkpoints) or a backup; or "
+            f"the run's mirror (mirror_dir keeps {CONFIG} and {shape} beside the checkpoints) or a backup; or "
             f"run `tpu-pretrain train --output_dir {self.path}` with the settings the run was started with ({IDENTITY} "
             "records those it pins): it writes them again before it continues.")
+
+    def _recorded_family(self) -> str:
+        """The model family the run's identity (else its config.json) records: what its shape file is named for."""
+        for path, section in ((self.identity_file, "settings"), (self.config_file, "model")):
+            try:
+                return json.loads(path.read_text())[section]["model_family"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return "modernbert" if self.modernbert_config_file.is_file() else "bert"
 
     def read_config(self) -> Config:
         if not self.config_file.is_file():
