@@ -119,6 +119,9 @@ def test_modernbert_is_the_jax_backends_alone_and_auto_takes_jax_for_it(monkeypa
     chosen, why = resolve_backend("auto", "", modern)
     assert chosen == "jax" and "model_family='modernbert' (ModernBERT) is offered by it alone" in why
     assert resolve_backend("auto", "", Config.load())[0] == "tensorflow"
+    fake_runtime(monkeypatch, {"tensorflow-cpu": "2.20.0", "tf-keras": "2.20.0", **JAX}, True)  # Kaggle's TPU VM
+    assert resolve_backend("auto", "", Config.load(jit_compile="off"))[0] == "jax"  # the machine decides (refused)
+    fake_runtime(monkeypatch, {**FULL_TF, **JAX}, False)
     backend.check_offered("jax", modern)
     backend.check_offered("tensorflow", modern.train)  # a section without the setting: nothing asked of it
     missing = tmp_path / "no_data_here"

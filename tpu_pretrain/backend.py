@@ -71,6 +71,7 @@ class Offer:
     used: Callable[[object], bool]  # whether the setting's value asks for the feature
     backends: tuple[str, ...]
     what: str
+    picks_auto: bool = False  # ``--backend auto`` takes the backend that offers it (else: the machine's, refused)
 
 
 # What each backend offers beyond what both do: the one table that settings validation reads, before any data.
@@ -79,7 +80,7 @@ OFFERS = (
     Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
     Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
     Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
-    Offer("model_family", lambda family: family == "modernbert", (JAX,), "ModernBERT"),
+    Offer("model_family", lambda family: family == "modernbert", (JAX,), "ModernBERT", picks_auto=True),
 )
 
 
@@ -95,10 +96,10 @@ def _used_offers(settings) -> list[tuple[Offer, object]]:
 
 
 def required_backend(settings) -> tuple[str, str] | None:
-    """``(backend, why)`` where the settings ask for something one backend alone offers (``--backend auto`` then
-    takes it), else None."""
+    """``(backend, why)`` where the settings ask for something one backend alone offers and that decides
+    ``--backend auto`` (a model family: no machine makes the other backend right for it), else None."""
     for offer, value in _used_offers(settings):
-        if len(offer.backends) == 1:
+        if offer.picks_auto and len(offer.backends) == 1:
             return offer.backends[0], f"{offer.setting}={value!r} ({offer.what}) is offered by it alone"
     return None
 
