@@ -107,3 +107,25 @@ def test_a_setting_a_recipe_made_is_blamed_on_the_recipe():
     with pytest.raises(UserInputError) as caught:
         backend.check_offered("jax", settings)
     assert "set by" not in str(caught.value) and "or leave jit_compile unset" in str(caught.value)
+
+
+def test_modernbert_is_the_jax_backends_alone_and_auto_takes_jax_for_it(monkeypatch, tmp_path):
+    """Refused on TensorFlow before any data is read (even where TensorFlow is installed); ``auto`` picks JAX for
+    it on a machine where it would otherwise take TensorFlow."""
+    from tpu_pretrain.training import resolve_backend, train
+
+    fake_runtime(monkeypatch, {**FULL_TF, **JAX}, False)
+    modern = Config.load(model_family="modernbert")
+    chosen, why = resolve_backend("auto", "", modern)
+    assert chosen == "jax" and "model_family='modernbert' (ModernBERT) is offered by it alone" in why
+    assert resolve_backend("auto", "", Config.load())[0] == "tensorflow"
+    fake_runtime(monkeypatch, {"tensorflow-cpu": "2.20.0", "tf-keras": "2.20.0", **JAX}, True)  # Kaggle's TPU VM
+    assert resolve_backend("auto", "", Config.load(jit_compile="off"))[0] == "jax"  # the machine decides (refused)
+    fake_runtime(monkeypatch, {**FULL_TF, **JAX}, False)
+    backend.check_offered("jax", modern)
+    backend.check_offered("tensorflow", modern.train)  # a section without the setting: nothing asked of it
+    missing = tmp_path / "no_data_here"
+    with pytest.raises(UserInputError, match=r"model_family='modernbert' \(ModernBERT\) is offered by the jax backend, "
+                                             r"not tensorflow: train with --backend jax, or leave model_family unset"):
+        train(data_dir=str(missing), output_dir=str(tmp_path / "run"), backend="tensorflow", model_family="modernbert")
+    assert not missing.exists()

@@ -111,3 +111,19 @@ def test_warmup_and_cooldown_defaults_are_valid_for_any_run_length():
     assert config.train.num_warmup_steps == -1 and config.train.num_cooldown_steps == 0
     with pytest.raises(ConfigError, match="num_warmup_steps=600 .*num_train_steps=500"):
         Config.load(num_train_steps=500, num_warmup_steps=600)
+
+
+def test_modernbert_implies_the_modern_recipe_unless_a_recipe_or_the_setting_is_given():
+    from tpu_pretrain.config import MODERN_RECIPE
+
+    modern = Config.load(model_family="modernbert")
+    assert modern.data.recipe == "modern" and all(modern.get(k) == v for k, v in MODERN_RECIPE.items())
+    for values in ({"model_family": "modernbert", "recipe": "classic"}, {"recipe": "classic",
+                                                                          "model_family": "modernbert"}):
+        classic = Config.from_dict(values)
+        assert classic.data.recipe == "classic" and classic.train.lr_schedule == "linear"
+    given = Config.from_dict({"hidden_dropout_prob": 0.1, "model_family": "modernbert", "adam_beta2": 0.99})
+    assert (given.model.hidden_dropout_prob, given.train.adam_beta2, given.train.lr_schedule) == (0.1, 0.99, "wsd")
+    assert Config.load(model_family="bert").data.recipe == "classic"
+    with pytest.raises(ConfigError, match="model_family.*choose one of bert, modernbert"):
+        Config.load(model_family="roberta")

@@ -71,6 +71,7 @@ class Offer:
     used: Callable[[object], bool]  # whether the setting's value asks for the feature
     backends: tuple[str, ...]
     what: str
+    picks_auto: bool = False  # ``--backend auto`` takes the backend that offers it (else: the machine's, refused)
 
 
 # What each backend offers beyond what both do: the one table that settings validation reads, before any data.
@@ -79,15 +80,35 @@ OFFERS = (
     Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
     Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
     Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
+    Offer("model_family", lambda family: family == "modernbert", (JAX,), "ModernBERT", picks_auto=True),
 )
 
 
-def check_offered(backend: str, train_settings, set_by: dict[str, str] | None = None) -> None:
-    """Refuse a setting that ``backend`` does not offer, naming the setting, who set it (``set_by``: a recipe) and
-    the backend that has it."""
+def _used_offers(settings) -> list[tuple[Offer, object]]:
+    """The offers ``settings`` ask for, with their values: a whole :class:`.config.Config`, or one of its sections
+    (whose other sections' settings are not asked for)."""
+    used = []
     for offer in OFFERS:
-        value = getattr(train_settings, offer.setting)
-        if offer.used(value) and backend not in offer.backends:
+        value = settings.get(offer.setting) if hasattr(settings, "explicit") else getattr(settings, offer.setting, None)
+        if value is not None and offer.used(value):
+            used.append((offer, value))
+    return used
+
+
+def required_backend(settings) -> tuple[str, str] | None:
+    """``(backend, why)`` where the settings ask for something one backend alone offers and that decides
+    ``--backend auto`` (a model family: no machine makes the other backend right for it), else None."""
+    for offer, value in _used_offers(settings):
+        if offer.picks_auto and len(offer.backends) == 1:
+            return offer.backends[0], f"{offer.setting}={value!r} ({offer.what}) is offered by it alone"
+    return None
+
+
+def check_offered(backend: str, settings, set_by: dict[str, str] | None = None) -> None:
+    """Refuse a setting that ``backend`` does not offer, naming the setting, who set it (``set_by``: a recipe) and
+    the backend that has it. ``settings``: a :class:`.config.Config` or its ``train`` section."""
+    for offer, value in _used_offers(settings):
+        if backend not in offer.backends:
             source = (set_by or {}).get(offer.setting)
             origin = f", set by {source}" if source else ""
             unset = (f"give --{offer.setting} another value (it wins over the recipe)" if source

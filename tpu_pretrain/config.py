@@ -127,14 +127,18 @@ class PretrainingDataConfig:
 class ModelConfig:
     """Which BERT to build."""
 
-    model_size: str = _f("", "Named size such as L4-H256 or base; ignored when bert_config_file is set.",
-                         steps=(TRAIN,))
-    bert_config_file: str = _f("", "bert_config.json of the model to build.", steps=(TRAIN,))
+    model_family: str = _f("bert", "bert: Google's BERT. modernbert: ModernBERT (RoPE, GeGLU, local-global attention; "
+                           "MLM only, JAX backend); implies --recipe modern unless a recipe is given.",
+                           choices=("bert", "modernbert"), steps=(TRAIN,), pins=(RUN,))
+    model_size: str = _f("", "Named size such as L4-H256 or base (modernbert: base, large, L4-H256...); ignored when "
+                         "bert_config_file is set.", steps=(TRAIN,))
+    bert_config_file: str = _f("", "bert_config.json of the model to build; modernbert: a transformers config.json "
+                               "(model_type modernbert).", steps=(TRAIN,))
     max_position_embeddings: int = _f(512, "Position embeddings of a model built from model_size.", steps=(TRAIN,))
-    init_checkpoint: str = _f("", "Initial weights: a Google TF checkpoint or a Hugging Face BERT folder.",
-                              steps=(TRAIN,))
-    hidden_dropout_prob: float = _f(-1.0, "Dropout rate; -1 keeps bert_config's (0.1 for a model_size).",
-                                    steps=(TRAIN,))
+    init_checkpoint: str = _f("", "Initial weights: a Google TF checkpoint or a Hugging Face BERT folder "
+                              "(modernbert: a transformers ModernBERT folder).", steps=(TRAIN,))
+    hidden_dropout_prob: float = _f(-1.0, "Dropout rate; -1 keeps bert_config's (0.1 for a model_size; modernbert: "
+                                    "its config's embedding, attention and MLP dropout).", steps=(TRAIN,))
 
 
 @dataclass
@@ -198,9 +202,8 @@ class TrainConfig:
                          steps=(TRAIN,))
     worker_wait_minutes: float = _f(10.0, "Several machines: how long each waits for the others to start before "
                                     "giving up, naming the missing ones.", steps=(TRAIN,))
-    mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, "
-                              "bfloat16 or float16.", choices=("auto", "float32", "bfloat16", "float16"),
-                                                               steps=(TRAIN,))
+    mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, bfloat16 "
+                              "or float16.", choices=("auto", "float32", "bfloat16", "float16"), steps=(TRAIN,))
     jit_compile: str = _f("auto", "XLA-compile the training step: auto (TPU/GPU), on or off.",
                           choices=("auto", "on", "off"), steps=(TRAIN,))
     session_hours: float = _f(0.0, "Session length: 0 = the platform's (Colab 12 h, Kaggle 9 h, else none), "
@@ -326,7 +329,9 @@ class Config:
         choices = all_fields()[key].metadata.get("choices")
         setattr(getattr(self, section), key, coerce(key, value, _FIELD_TYPES[key], choices, source))
         self.explicit.add(key)
-        if key == "recipe":
+        if key == "model_family" and "recipe" not in self.explicit:  # ModernBERT is trained the modern way
+            self.data.recipe = "modern" if self.model.model_family == "modernbert" else "classic"
+        if key in ("recipe", "model_family"):
             self.apply_recipe()
 
     def apply_recipe(self) -> None:

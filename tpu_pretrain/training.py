@@ -12,7 +12,7 @@ import copy
 import json
 import logging
 
-from .backend import AUTO, TENSORFLOW, check_offered, choose_backend
+from .backend import AUTO, TENSORFLOW, check_offered, choose_backend, required_backend
 from .config import MODERN_RECIPE, Config
 from .core.checkpoints import list_checkpoints
 from .core.loop import TrainResult, run_training
@@ -68,20 +68,28 @@ def backend_in_settings(settings: dict) -> str | None:
     return backend if backend != AUTO else None
 
 
-def resolve_backend(requested: str, output_dir: str = "") -> tuple[str, str]:
-    """``(backend, why)``: with ``auto``, the backend a run in ``output_dir`` started with, else the machine's."""
+def resolve_backend(requested: str, output_dir: str = "", config: Config | None = None) -> tuple[str, str]:
+    """``(backend, why)``: with ``auto``, the backend a run in ``output_dir`` started with, else the one backend
+    that offers what ``config`` asks for (:func:`.backend.required_backend`), else the machine's."""
     recorded = recorded_backend(output_dir) if requested == AUTO and output_dir else None
     if recorded:
         choose_backend(recorded)  # installed here?
         return recorded, "the backend this run was started with"
+    required = required_backend(config) if requested == AUTO and config is not None else None
+    if required:
+        choose_backend(required[0])  # installed here?
+        return required
     return choose_backend(requested)
 
 
 def make_trainer(config: Config) -> Trainer:
     """The trainer of the configured backend, after checking that it offers every setting asked for and, on
-    several machines, that the other workers are up (:mod:`.workers`)."""
-    backend, reason = resolve_backend(config.train.backend, config.storage.output_dir)
-    check_offered(backend, config.train, set_by=recipe_settings(config))
+    several machines, that the other workers are up (:mod:`.workers`). A backend asked for by name is checked
+    before whether it is installed: it could not train these settings either way."""
+    if config.train.backend != AUTO:
+        check_offered(config.train.backend, config, set_by=recipe_settings(config))
+    backend, reason = resolve_backend(config.train.backend, config.storage.output_dir, config)
+    check_offered(backend, config, set_by=recipe_settings(config))
     workers = find_workers(config.train.worker_hosts, config.train.task_index)
     if workers is not None and backend != TENSORFLOW:
         raise UserInputError(f"{workers.source} describes {len(workers.addresses)} machines, but the {backend} backend "
@@ -103,4 +111,5 @@ def recipe_settings(config: Config) -> dict[str, str]:
     """The settings a recipe set (not given by name), with where they came from, for messages about them."""
     if config.data.recipe != "modern":
         return {}
-    return {key: "--recipe modern" for key in MODERN_RECIPE if key not in config.explicit}
+    source = "--recipe modern" if "recipe" in config.explicit else f"--model_family {config.model.model_family}"
+    return {key: source for key in MODERN_RECIPE if key not in config.explicit}

@@ -1,8 +1,9 @@
 """What evaluation, fill-mask, the probe and export need of a trained model: the contract both backends implement.
 
 Each backend builds its own model and fills it with weights given by Google BERT name (the hub every
-checkpoint format is read into, :mod:`.run_weights`), so ``export/`` works on any run without knowing which
-backend trained it, and a run is used by the backend that trained it: a JAX run never needs TensorFlow.
+checkpoint format is read into, :mod:`.run_weights`; a ModernBERT, the JAX backend's alone, by transformers'
+names), so ``export/`` works on any run without knowing which backend trained it, and a run is used by the
+backend that trained it: a JAX run never needs TensorFlow.
 Arrays in and out are NumPy; the statistics are :mod:`.metrics`'s sums, the same formula in both backends.
 """
 
@@ -13,13 +14,14 @@ from typing import Protocol
 import numpy as np
 
 from .bert_config import BertConfig
+from .modernbert_config import ModernBertConfig
 
 
 class InferenceModel(Protocol):
     """A float32 BERT with its pretraining heads, static shapes ``[batch, max_seq_length]``."""
 
     backend: str  # "tensorflow" or "jax"
-    config: BertConfig
+    config: BertConfig | ModernBertConfig
     with_nsp: bool
     max_seq_length: int
     max_predictions_per_seq: int

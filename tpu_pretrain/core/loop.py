@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from ..errors import UserInputError
 from ..formatting import hms
 from . import schedules
-from .bert_config import training_flops_per_sequence
 from .checkpoint_space import check_rooms
 from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .event_log import ScalarLog
@@ -214,12 +213,12 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     """Check the folder fits this run, restore its newest checkpoint, record the run, open the input at the
     restored step; returns the checkpoint's metadata (the seconds trained, the rate measured; empty when new)."""
     plan = trainer.plan
-    identity = run_identity(plan.config, plan.bert_config, plan.data)
+    identity = run_identity(plan.config, plan.model_config, plan.data)
     run.check_can_resume(identity)
     restored = manager.restore_latest(set_aside_damaged)
     _follow_schedule(trainer, restored.metadata.get("lr_schedule") if restored else None)
     if trainer.is_chief:
-        run.write_run_files(plan.config, plan.bert_config, plan.vocab_file)
+        run.write_run_files(plan.config, plan.model_config, plan.vocab_file)
         run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:
@@ -232,8 +231,8 @@ def _flops_and_peak(trainer: Trainer) -> tuple[float, float | None]:
     """The model's training FLOPs per sequence, and the devices' peak FLOP/s (stated, else published; None when
     unknown) that the MFU is measured against."""
     plan = trainer.plan
-    d, stated = plan.config.data, plan.config.train.peak_tflops
-    flops = training_flops_per_sequence(plan.bert_config, d.max_seq_length, d.max_predictions_per_seq)
+    stated = plan.config.train.peak_tflops
+    flops = plan.training_flops_per_sequence()
     peak = stated * 1e12 if stated else trainer.peak_flops
     if peak:
         log.info("MFU against %s peak of %.1f TFLOP/s (%s), %.3g GFLOP per training sequence.",

@@ -230,3 +230,80 @@ def modernbert_config_for_size(model_size: str, vocab_size: int | None = None,
     if unknown:
         raise UserInputError(f"ModernBertConfig has no field {', '.join(unknown)}.")
     return replace(config, **shape, **overrides)
+
+
+def training_flops_per_sequence(config: ModernBertConfig, seq: int, pred: int) -> float:
+    """Model FLOPs of one training sequence, as :func:`.bert_config.training_flops_per_sequence` counts BERT's:
+    fused Q, K, V and the output (8 H^2), the GeGLU MLP (``Wi`` to 2 I, ``Wo`` back: 6 H I), the attention
+    products over the whole sequence (the local layers' window is masked, not skipped), the head at the masked
+    positions (dense and tied decoder); backward = 2 x forward."""
+    layers, hidden, inner, vocab = (config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                                    config.vocab_size)
+    forward = layers * (seq * (8 * hidden**2 + 6 * hidden * inner) + 4 * seq**2 * hidden)
+    forward += pred * (2 * hidden**2 + 2 * hidden * vocab)
+    return 3.0 * forward
+
+
+def vocab_token_ids(tokens: list[str]) -> dict[str, int]:
+    """The config's token ids from a WordPiece vocab (``[PAD]``, ``[CLS]``, ``[SEP]``, ``[MASK]``; BOS and EOS are
+    ``[CLS]`` and ``[SEP]``, as ModernBERT's own tokenizer has them)."""
+    index = {token: i for i, token in enumerate(tokens)}
+    cls, sep = index["[CLS]"], index["[SEP]"]
+    return {"pad_token_id": index["[PAD]"], "cls_token_id": cls, "sep_token_id": sep, "mask_token_id": index["[MASK]"],
+            "bos_token_id": cls, "eos_token_id": sep}
+
+
+def checkpoint_modernbert_config(init_checkpoint: str) -> ModernBertConfig | None:
+    """The config of a ModernBERT given as init_checkpoint: a transformers folder's ``config.json``, or a ModernBERT
+    run's ``modernbert_config.json`` for one of its checkpoints (``RUN/checkpoints/ckpt-N``); None without one."""
+    if not init_checkpoint:
+        return None
+    folder = Path(init_checkpoint)
+    for path in (folder / "config.json", folder.parent.parent / "modernbert_config.json"):
+        if path.is_file() and (path.name == "config.json" or folder.parent.name == "checkpoints"):
+            return ModernBertConfig.from_json_file(path)
+    return None
+
+
+def resolve_modernbert_config(*, model_size: str = "", config_file: str = "", init_checkpoint: str = "",
+                              vocab_size: int | None = None, token_ids: dict[str, int] | None = None,
+                              max_position_embeddings: int = 512, dropout: float = -1.0) -> ModernBertConfig:
+    """Pick a ModernBERT's shape: ``config_file`` (a transformers config.json), else the init checkpoint's, else
+    ``model_size``; checked against the data's vocab (its size and, ``token_ids``, its special tokens: ids the
+    config leaves out are taken from the vocab). ``dropout`` >= 0 sets the embedding, attention and MLP dropout."""
+    source = config_file or (f"init_checkpoint {init_checkpoint}" if init_checkpoint else f"model_size {model_size}")
+    ids = dict(token_ids or {})
+    if config_file:
+        config = ModernBertConfig.from_json_file(config_file)
+    elif checkpoint_modernbert_config(init_checkpoint) is not None:
+        config = checkpoint_modernbert_config(init_checkpoint)
+    elif model_size:
+        if not vocab_size:
+            raise UserInputError("model_size needs the vocab size: give vocab_file or a data_dir with a manifest.json.")
+        config = modernbert_config_for_size(model_size, vocab_size, max_position_embeddings, **ids)
+    else:
+        raise UserInputError("Say which ModernBERT to build: --model_size (base, large, L4-H256...), "
+                             "--bert_config_file (a transformers config.json) or --init_checkpoint (a transformers "
+                             "ModernBERT folder).")
+    if vocab_size and config.vocab_size != vocab_size:
+        raise UserInputError(f"The ModernBERT's vocab_size is {config.vocab_size} ({source}) but the data's vocab has "
+                             f"{vocab_size} tokens: make the data with that model's vocab, or give a config whose "
+                             "vocab_size is the data's.")
+    for name, wanted in ids.items():
+        if getattr(config, name) is not None and getattr(config, name) != wanted:
+            raise UserInputError(f"{source}: {name} is {getattr(config, name)} but the data's vocab has that token at "
+                                 f"id {wanted}: make the data with that model's vocab, or give a config with its ids.")
+    config = replace(config, **{k: v for k, v in ids.items() if getattr(config, k) is None})
+    if dropout >= 0:
+        config = replace(config, embedding_dropout=dropout, attention_dropout=dropout, mlp_dropout=dropout)
+    return config
+
+
+def is_modernbert_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder whose ``config.json`` (or a ``config.json`` file itself) describes a ModernBERT
+    (model_type modernbert)."""
+    config = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        return bool(path) and config.is_file() and json.loads(config.read_text()).get("model_type") == "modernbert"
+    except (OSError, ValueError, AttributeError):
+        return False

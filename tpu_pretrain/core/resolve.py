@@ -12,10 +12,14 @@ from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
 from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
-from .bert_config import BertConfig, resolve_bert_config
+from .bert_config import BertConfig, resolve_bert_config, training_flops_per_sequence
+from .modernbert_config import ModernBertConfig, is_modernbert_folder, resolve_modernbert_config, vocab_token_ids
+from .modernbert_config import training_flops_per_sequence as modernbert_flops
 from .schedules import Schedule, planned
 
 log = logging.getLogger(__name__)
+
+BERT, MODERNBERT = "bert", "modernbert"  # the model families (config's model_family)
 
 
 @dataclass
@@ -28,7 +32,7 @@ class RunPlan:
     config: Config  # completed from the data (the caller's is unchanged)
     data: DataInfo
     vocab_file: str  # the vocab it trains with (copied into the run folder)
-    bert_config: BertConfig
+    model_config: BertConfig | ModernBertConfig  # the model's shape, of the run's model_family
     warmup_was_auto: bool  # num_warmup_steps was -1: a resumed run keeps the warmup its checkpoint recorded
     planned_schedule: Schedule  # what the settings ask for from step 0
     schedule: Schedule  # what the run follows: the planned one, or re-planned on resume
@@ -41,12 +45,25 @@ class RunPlan:
         config = resolve_config(config, data)
         check_data_fills_a_batch(config.train, data)
         schedule = planned(config.train)
-        return cls(config, data, run_vocab_file(config, data), run_bert_config(config, data), warmup_was_auto,
+        return cls(config, data, run_vocab_file(config, data), run_model_config(config, data), warmup_was_auto,
                    schedule, schedule)
 
     @property
+    def bert_config(self) -> BertConfig | ModernBertConfig:
+        return self.model_config
+
+    @property
+    def family(self) -> str:
+        return self.config.model.model_family
+
+    @property
     def with_nsp(self) -> bool:
-        return not self.config.data.no_nsp
+        return not self.config.data.no_nsp and self.family == BERT
+
+    def training_flops_per_sequence(self) -> float:
+        d = self.config.data
+        flops = modernbert_flops if isinstance(self.model_config, ModernBertConfig) else training_flops_per_sequence
+        return flops(self.model_config, d.max_seq_length, d.max_predictions_per_seq)
 
     def batch_geometry(self, replicas: int) -> int:
         """Check the global batch splits over ``replicas``; returns the global eval batch size (0: no eval)."""
@@ -134,9 +151,42 @@ def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
                          "data's own vocab.")
 
 
+def run_model_config(config: Config, data: DataInfo) -> BertConfig | ModernBertConfig:
+    """The model's shape of the run's model_family (:func:`run_bert_config`, :func:`run_modernbert_config`)."""
+    return run_modernbert_config(config, data) if config.model.model_family == MODERNBERT else run_bert_config(
+        config, data)
+
+
+def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
+    """A ModernBERT's shape: MLM-only data, the vocab's size and special tokens ([PAD] the data's padding, id 0)."""
+    if not data.settings.get("no_nsp"):
+        raise UserInputError(
+            f"model_family=modernbert trains the masked LM alone, but the data in {data.data_dir} was made with "
+            "next-sentence pairs (no_nsp false: half the second segments are random text): make MLM-only data with "
+            "`tpu-pretrain create-data --recipe modern` (packed sequences) or --no_nsp.")
+    m, vocab_file = config.model, run_vocab_file(config, data)
+    if not vocab_file:
+        raise UserInputError("model_family=modernbert needs the vocab (its special tokens' ids): set vocab_file.")
+    tokens = load_vocab(vocab_file)
+    ids = vocab_token_ids(tokens)
+    if ids["pad_token_id"] != 0:
+        raise UserInputError(f"{vocab_file} has [PAD] at id {ids['pad_token_id']}, but the data pads with id 0: "
+                             "ModernBERT reads padding from the token ids, so [PAD] must be the vocab's first token.")
+    model_config = resolve_modernbert_config(
+        model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
+        vocab_size=len(tokens), token_ids=ids, max_position_embeddings=m.max_position_embeddings,
+        dropout=m.hidden_dropout_prob)
+    check_token_ids(data, model_config.vocab_size)
+    return model_config
+
+
 def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
     """The model's shape for a resolved configuration, its vocab size checked against the data's token ids."""
     m, vocab_file = config.model, run_vocab_file(config, data)
+    for setting in ("init_checkpoint", "bert_config_file"):
+        if is_modernbert_folder(config.get(setting)):
+            raise UserInputError(f"{setting} {config.get(setting)} describes a ModernBERT (model_type modernbert): "
+                                 "train it with --model_family modernbert.")
     vocab_size = len(load_vocab(vocab_file)) if vocab_file else data.vocab_size
     bert_config = resolve_bert_config(model_size=m.model_size, bert_config_file=m.bert_config_file,
                                       init_checkpoint=m.init_checkpoint, vocab_size=vocab_size,

@@ -6,7 +6,8 @@ A run folder (train's ``output_dir``) holds:
 - ``train.lock``: held by the one training process at work here (:mod:`.run_lock`);
 - ``run.json``: the run's identity (model, data, the settings that pin it), recorded at the first start
   and compared at every later one;
-- ``bert_config.json``: the model's shape; ``vocab.txt``: the vocab it was trained with;
+- ``bert_config.json`` (``model_family`` bert) or ``modernbert_config.json`` (modernbert: transformers' config.json
+  of ``ModernBertForMaskedLM``): the model's shape; ``vocab.txt``: the vocab it was trained with;
 - ``checkpoints/``: the checkpoints; ``logs/``: TensorBoard scalars and ``example_ids.jsonl``;
 - ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``;
 - ``mirror.json``: where the durable copy stands, as the training process last saw it (for ``status``).
@@ -31,11 +32,13 @@ from ..data.vocab import load_vocab
 from ..errors import UserInputError
 from ..storage.local import atomic_open, write_text_atomic
 from .bert_config import BertConfig
+from .modernbert_config import ModernBertConfig
 
 CONFIG = "config.json"
 LOCK = "train.lock"
 IDENTITY = "run.json"
 BERT_CONFIG = "bert_config.json"
+MODERNBERT_CONFIG = "modernbert_config.json"
 VOCAB = "vocab.txt"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
@@ -47,9 +50,10 @@ MIRROR_STATE = "mirror.json"
 PLOTS = "plots"
 EXPORT = "export"
 # What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
-MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, VOCAB, LOGS, SUMMARY, EVALUATION)
+MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, MODERNBERT_CONFIG, VOCAB, LOGS, SUMMARY, EVALUATION)
 # Model fields a run may change between sessions (dropout does not change the weights' shapes).
-UNPINNED_MODEL_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+UNPINNED_MODEL_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout",
+                         "attention_dropout", "mlp_dropout")
 
 
 class RunFolder:
@@ -76,6 +80,15 @@ class RunFolder:
     @property
     def bert_config_file(self) -> Path:
         return self.path / BERT_CONFIG
+
+    @property
+    def modernbert_config_file(self) -> Path:
+        return self.path / MODERNBERT_CONFIG
+
+    @property
+    def model_config_file(self) -> Path:
+        """The model's shape: ``modernbert_config.json`` for a ModernBERT run, else ``bert_config.json``."""
+        return self.modernbert_config_file if self.modernbert_config_file.is_file() else self.bert_config_file
 
     @property
     def vocab_file(self) -> Path:
@@ -118,8 +131,8 @@ class RunFolder:
 
     # -- what makes a folder a run ---------------------------------------------------------------
     def is_run(self) -> bool:
-        """A training run folder: our config.json (sections) next to bert_config.json."""
-        if not self.config_file.is_file() or not self.bert_config_file.is_file():
+        """A training run folder: our config.json (sections) next to bert_config.json (modernbert_config.json)."""
+        if not self.config_file.is_file() or not self.model_config_file.is_file():
             return False
         try:
             return "storage" in json.loads(self.config_file.read_text())
@@ -135,28 +148,45 @@ class RunFolder:
         missing file (evaluate and export would otherwise take it for some other kind of folder)."""
         if self.is_run() or not self.holds_a_run():
             return
-        missing = [name for name in (CONFIG, BERT_CONFIG) if not (self.path / name).is_file()]
+        shape = MODERNBERT_CONFIG if self._recorded_family() == "modernbert" else BERT_CONFIG
+        missing = [name for name in (CONFIG, shape) if not (self.path / name).is_file()]
         what = " and ".join(missing) or f"a readable {CONFIG} (the one there is not a run's)"
         present = ", ".join(n for n in (f"{CHECKPOINTS}/", IDENTITY) if (self.path / n.rstrip("/")).exists())
         raise UserInputError(
             f"{self.path} holds a training run ({present}) but not its {what}. Copy it back from "
-            f"the run's mirror (mirror_dir keeps {CONFIG} and {BERT_CONFIG} beside the checkpoints) or a backup; or "
+            f"the run's mirror (mirror_dir keeps {CONFIG} and {shape} beside the checkpoints) or a backup; or "
             f"run `tpu-pretrain train --output_dir {self.path}` with the settings the run was started with ({IDENTITY} "
             "records those it pins): it writes them again before it continues.")
+
+    def _recorded_family(self) -> str:
+        """The model family the run's identity (else its config.json) records: what its shape file is named for."""
+        for path, section in ((self.identity_file, "settings"), (self.config_file, "model")):
+            try:
+                return json.loads(path.read_text())[section]["model_family"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return "modernbert" if self.modernbert_config_file.is_file() else "bert"
 
     def read_config(self) -> Config:
         if not self.config_file.is_file():
             raise UserInputError(f"{self.path} is not a run folder (no {CONFIG}): start it with `tpu-pretrain train`.")
         return Config.from_file(self.config_file)
 
-    def read_bert_config(self) -> BertConfig:
+    def read_bert_config(self) -> BertConfig | ModernBertConfig:
+        """The model's shape: a :class:`.modernbert_config.ModernBertConfig` for a ModernBERT run."""
+        if self.modernbert_config_file.is_file():
+            return ModernBertConfig.from_json_file(self.modernbert_config_file)
         return BertConfig.from_json_file(self.bert_config_file)
 
-    def write_run_files(self, config: Config, bert_config: BertConfig, vocab_file: str | None) -> None:
+    read_model_config = read_bert_config
+
+    def write_run_files(self, config: Config, model_config: BertConfig | ModernBertConfig,
+                        vocab_file: str | None) -> None:
         """The resolved configuration, the model's shape and the vocab: what the weights need to be used."""
         self.path.mkdir(parents=True, exist_ok=True)
         config.save(self.config_file)
-        bert_config.to_json_file(self.bert_config_file)
+        is_modern = isinstance(model_config, ModernBertConfig)
+        model_config.to_json_file(self.modernbert_config_file if is_modern else self.bert_config_file)
         if vocab_file and Path(vocab_file).resolve() != self.vocab_file.resolve():
             with open(vocab_file, "rb") as src, atomic_open(self.vocab_file) as dst:
                 shutil.copyfileobj(src, dst)
@@ -182,9 +212,9 @@ class RunFolder:
                               json.dumps({**identity, "created": time.time()}, indent=2, sort_keys=True) + "\n")
 
 
-def run_identity(config: Config, bert_config: BertConfig, data_info) -> dict:
+def run_identity(config: Config, model_config: BertConfig | ModernBertConfig, data_info) -> dict:
     """The facts a checkpoint of this run depends on (``config`` holds the data's shapes)."""
-    model = {k: v for k, v in asdict(bert_config).items() if k not in UNPINNED_MODEL_FIELDS}
+    model = {k: v for k, v in asdict(model_config).items() if k not in UNPINNED_MODEL_FIELDS}
     data = {"train_instances": data_info.train_instances,
             "train_files": [os.path.basename(f) for f in data_info.train_files]}
     if data_info.vocab_sha256:
@@ -205,8 +235,9 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
         before = previous["settings"].get(key, SETTINGS_BEFORE_THEY_EXISTED.get(key, fields[key].default))
         if before != value:
             differences.append(f"{key}: {before!r} in the run, {value!r} now")
+    family = previous["settings"].get("model_family", "bert") != identity["settings"].get("model_family", "bert")
     for key, value in identity["model"].items():
-        if previous["model"].get(key) != value:
+        if not family and previous["model"].get(key) != value:  # another family: other fields altogether
             differences.append(f"model {key}: {previous['model'].get(key)!r} in the run, {value!r} now")
     old_data, new_data = previous["data"], identity["data"]
     if old_data.get("vocab_sha256") != new_data.get("vocab_sha256"):
@@ -233,7 +264,7 @@ def trained_vocab_file(run: RunFolder, config: Config) -> str:
 
 
 def _check_vocab_fits_model(run: RunFolder, vocab_file: Path) -> None:
-    if not run.bert_config_file.is_file():
+    if not run.model_config_file.is_file():
         return
     tokens, model = len(load_vocab(vocab_file)), run.read_bert_config().vocab_size
     if tokens != model:

@@ -1,8 +1,10 @@
-"""A checkpoint's weights by Google BERT name, read with NumPy alone wherever the format allows.
+"""A checkpoint's weights by Google BERT name (a ModernBERT run's: by transformers' name), read with NumPy alone
+wherever the format allows.
 
 Evaluation, probing and export ask here for "the weights of this checkpoint", whichever backend wrote
 it. The JAX backend keeps a checkpoint's state in one ``state.npz`` whose layout is defined here:
-``params/<Google name>`` (the weights, stored as Google does), ``m/`` and ``v/<Google name>`` (the
+``params/<Google name>`` (the weights, stored as Google does; a ModernBERT run's under transformers' state-dict
+names, stored as transformers does: :mod:`..jax_backend.families`), ``m/`` and ``v/<Google name>`` (the
 optimizer's moments), ``keras/<variable path>`` (dropout's seed state), ``step``, and with float16 compute
 ``loss_scale/scale`` and ``loss_scale/good_steps`` (the dynamic loss scale and the finite steps since it last
 changed);

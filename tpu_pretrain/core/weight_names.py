@@ -3,7 +3,8 @@
 One module for both directions, so an export imports back unchanged: :func:`huggingface_to_google` and
 :func:`google_to_huggingface` are exact inverses. Every backend and the exports use it, so nothing here
 needs TensorFlow, JAX, torch or transformers (Google TF checkpoints are read by :mod:`.tf_bundle`), except
-``pytorch_model.bin`` (torch).
+``pytorch_model.bin`` (torch). A transformers ModernBERT folder is read here too (:func:`read_modernbert_folder`):
+its weights keep transformers' names, which are the ones a ModernBERT run stores.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..errors import UserInputError
 from . import tf_bundle
+from .modernbert_config import ModernBertConfig
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 NSP_WEIGHTS = "cls/seq_relationship/output_weights"  # Google stores it [2, hidden]: a Dense kernel transposed
@@ -158,3 +160,39 @@ def read_checkpoint_weights(path: str) -> dict[str, np.ndarray]:
 def tf_checkpoint_prefix(p: Path) -> str | None:
     """The prefix of a TF checkpoint at ``p`` (a prefix, its .index file, or a folder holding one), or None."""
     return tf_bundle.find_bundle_prefix(p)
+
+
+# -- transformers' ModernBERT folders (their weights keep transformers' names) ------------------------------
+MODERNBERT_EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def read_weight_files(folder: Path) -> dict[str, np.ndarray]:
+    """A transformers folder's weights: ``model.safetensors``, its shards (``model.safetensors.index.json``) or
+    ``pytorch_model.bin`` (which needs torch), as float32 arrays by name."""
+    if (folder / SHARD_INDEX).is_file():
+        shards = sorted(set(json.loads((folder / SHARD_INDEX).read_text())["weight_map"].values()))
+        weights = {}
+        for shard in shards:
+            weights.update(read_safetensors(folder / shard))
+        return weights
+    if not any((folder / name).is_file() for name in HF_WEIGHT_FILES):
+        raise UserInputError(f"{folder} holds no model.safetensors (nor pytorch_model.bin): no weights to read.")
+    return read_hf_folder(folder)
+
+
+def read_modernbert_folder(folder: str | os.PathLike) -> tuple[ModernBertConfig, dict[str, np.ndarray]]:
+    """The config and weights (transformers' names and layout, float32) of a transformers ModernBERT folder:
+    ``ModernBertForMaskedLM``'s, or an encoder's (``ModernBertModel``: its names get the ``model.`` prefix and
+    the head is missing). Load them with :func:`..jax_backend.modernbert.assign_hf_weights`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserInputError(f"{folder} is not a folder: give a transformers ModernBERT folder (config.json and "
+                             "model.safetensors).")
+    config = ModernBertConfig.from_json_file(folder / "config.json")
+    weights = read_weight_files(folder)
+    if MODERNBERT_EMBEDDINGS not in weights and "embeddings.tok_embeddings.weight" in weights:
+        weights = {f"model.{name}": value for name, value in weights.items()}
+    if MODERNBERT_EMBEDDINGS not in weights:
+        raise UserInputError(f"{folder}'s weights have no {MODERNBERT_EMBEDDINGS}: they are not a ModernBERT's.")
+    return config, weights

@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from ..core.modernbert_config import ModernBertConfig
-from ..core.weight_names import read_hf_folder, read_safetensors, write_safetensors
+from ..core.weight_names import read_modernbert_folder, read_weight_files, write_safetensors
 from ..errors import UserInputError
-from ..storage.local import new_temp_folder
-from .writers import EXPORT_RECORD, check_export_destination
+from .folder import write_export_folder, write_tokenizer_files
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"
-SHARD_INDEX = "model.safetensors.index.json"
+__all__ = ["export_weights", "read_modernbert_folder", "read_weight_files", "write_modernbert_folder"]
 
 
 def export_weights(model_or_weights, config: ModernBertConfig) -> dict[str, np.ndarray]:
@@ -46,67 +45,29 @@ def export_weights(model_or_weights, config: ModernBertConfig) -> dict[str, np.n
 
 
 def write_modernbert_folder(model_or_weights, config: ModernBertConfig, folder: str | os.PathLike,
-                            tokenizer_files=()) -> Path:
+                            tokenizer_files=(), vocab_file: str | None = None, do_lower_case: bool = True) -> Path:
     """``config.json`` (:meth:`ModernBertConfig.to_hf_dict`) + ``model.safetensors`` (float32) + copies of
-    ``tokenizer_files`` (``tokenizer.json``, ``tokenizer_config.json``... under their own names) in ``folder``.
+    ``tokenizer_files`` (``tokenizer.json``, ``tokenizer_config.json``... under their own names) in ``folder``;
+    or, given a WordPiece ``vocab_file`` (a run's), the BERT-style tokenizer files of that vocab, which
+    ``AutoTokenizer`` loads with the config's special token ids (and no token types: ModernBERT has none).
 
     ``model_or_weights``: a built :class:`..jax_backend.modernbert.PretrainingModernBert` or a dict of arrays by
     transformers' names and layout. Written into a temporary sibling and swapped in; only a new or empty folder
-    or an earlier export's is replaced (as :mod:`.writers` does).
+    or an earlier export's is replaced (:func:`.folder.write_export_folder`).
     """
     weights = export_weights(model_or_weights, config)
     sources = [Path(f) for f in tokenizer_files]
     for path in sources:
         if not path.is_file():
             raise UserInputError(f"tokenizer file {path} does not exist.")
-    out = check_export_destination(folder)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = new_temp_folder(out)
-    try:
+
+    def write(tmp: Path) -> None:
         write_safetensors(tmp / "model.safetensors", weights, {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
         for path in sources:
             shutil.copyfile(path, tmp / path.name)
-        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-        (tmp / EXPORT_RECORD).write_text(json.dumps({"format": "hf-modernbert", "files": files}, indent=2) + "\n")
-        if out.exists():
-            old = new_temp_folder(out)
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        if vocab_file:
+            write_tokenizer_files(tmp, vocab_file, do_lower_case, config.max_position_embeddings,
+                                  model_input_names=["input_ids", "attention_mask"])
 
-
-def read_weight_files(folder: Path) -> dict[str, np.ndarray]:
-    """A transformers folder's weights: ``model.safetensors``, its shards (``model.safetensors.index.json``) or
-    ``pytorch_model.bin`` (which needs torch), as float32 arrays by name."""
-    if (folder / SHARD_INDEX).is_file():
-        shards = sorted(set(json.loads((folder / SHARD_INDEX).read_text())["weight_map"].values()))
-        weights = {}
-        for shard in shards:
-            weights.update(read_safetensors(folder / shard))
-        return weights
-    if not (folder / "model.safetensors").is_file() and not (folder / "pytorch_model.bin").is_file():
-        raise UserInputError(f"{folder} holds no model.safetensors (nor pytorch_model.bin): no weights to read.")
-    return read_hf_folder(folder)
-
-
-def read_modernbert_folder(folder: str | os.PathLike) -> tuple[ModernBertConfig, dict[str, np.ndarray]]:
-    """The config and weights (transformers' names and layout, float32) of a transformers ModernBERT folder:
-    ``ModernBertForMaskedLM``'s, or an encoder's (``ModernBertModel``: its names get the ``model.`` prefix and
-    the head is missing). Load them with :func:`..jax_backend.modernbert.assign_hf_weights`."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserInputError(f"{folder} is not a folder: give a transformers ModernBERT folder (config.json and "
-                             "model.safetensors).")
-    config = ModernBertConfig.from_json_file(folder / "config.json")
-    weights = read_weight_files(folder)
-    if EMBEDDINGS not in weights and "embeddings.tok_embeddings.weight" in weights:
-        weights = {f"model.{name}": value for name, value in weights.items()}
-    if EMBEDDINGS not in weights:
-        raise UserInputError(f"{folder}'s weights have no {EMBEDDINGS}: they are not a ModernBERT's.")
-    return config, weights
+    return write_export_folder(folder, write, "hf-modernbert")

@@ -24,6 +24,7 @@ from ..config import Config
 from ..core.bert_config import BertConfig, checkpoint_bert_config
 from ..core.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
 from ..core.inference import InferenceModel
+from ..core.modernbert_config import ModernBertConfig, is_modernbert_folder
 from ..core.run_folder import RunFolder, trained_vocab_file
 from ..core.run_weights import (
     JAX,
@@ -144,9 +145,12 @@ def inference_backend(weights: str, trained_with: str | None = None, requested: 
                          f"bert4keras=={BERT4KERAS_VERSION}.")
 
 
-def build_inference(backend: str, config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,
-                    with_nsp: bool) -> InferenceModel:
-    """A float32 model of ``backend`` (imported here, and only that backend)."""
+def build_inference(backend: str, config: BertConfig | ModernBertConfig, max_seq_length: int,
+                    max_predictions_per_seq: int, with_nsp: bool) -> InferenceModel:
+    """A float32 model of ``backend`` (imported here, and only that backend); a ModernBERT is the JAX backend's."""
+    if isinstance(config, ModernBertConfig) and backend != JAX:
+        raise UserInputError(f"A ModernBERT is used with the JAX backend alone, not {backend}: pip install "
+                             "'tpu_pretrain[jax]' (JAX and Keras 3), or leave --backend unset.")
     if backend == JAX:
         from ..jax_backend.inference import JaxInference
 
@@ -235,6 +239,10 @@ def _load_released(source: str, checkpoint: str | None, max_seq_length: int | No
                    backend: str | None) -> TrainedModel:
     """A Google or Hugging Face checkpoint with its bert_config.json/config.json and vocab.txt beside it."""
     weights = str(checkpoint or source)
+    if is_modernbert_folder(weights):
+        raise UserInputError(f"{weights} is a transformers ModernBERT folder: use it with transformers as it is, or "
+                             f"continue pretraining it (train --model_family modernbert --init_checkpoint {weights}); "
+                             "evaluate, probe and export take the runs of this tool.")
     bert_config = checkpoint_bert_config(weights)
     if bert_config is None:
         raise UserInputError(f"{source} is neither a run folder (config.json + bert_config.json) nor a checkpoint "

@@ -4,7 +4,8 @@ Both formats start from one dict of weights under Google's BERT names, asked of 
 backend trained the run (a JAX run's are read with NumPy; a TensorFlow run's are mapped by its model);
 the renaming both ways lives in :mod:`..core.weight_names`, so an export imports back unchanged and is the
 same whichever backend trained the model. Neither writer needs torch, transformers or a TF1 session; the
-Hugging Face export of a JAX run needs neither TensorFlow nor JAX.
+Hugging Face export of a JAX run needs neither TensorFlow nor JAX. A ModernBERT run's weights keep transformers'
+names: it exports as a transformers ``ModernBertForMaskedLM`` folder (:mod:`.hf_modernbert`), and only so.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import numpy as np
 
 from ..core.bert_config import BertConfig
 from ..core.inference import InferenceModel
+from ..core.modernbert_config import ModernBertConfig
 from ..core.run_folder import RunFolder
 from ..core.weight_names import google_to_huggingface, write_safetensors
-from ..data.tokenization import load_tokenizer
 from ..environment import import_tensorflow
 from ..errors import UserInputError
-from ..storage.local import new_temp_folder
 from . import FORMATS, HEADS
+from .folder import check_export_destination, write_export_folder, write_tokenizer_files
+from .hf_modernbert import write_modernbert_folder
 from .rebuild import TrainedModel, load_trained_model, run_google_weights
 
 
@@ -54,32 +56,14 @@ def huggingface_config(config: BertConfig, architecture: str) -> dict:
     }
 
 
-SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-            "mask_token": "[MASK]"}
-
-
-def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, model_max_length: int) -> None:
-    """vocab.txt, tokenizer.json (fast), tokenizer_config.json and special_tokens_map.json, for AutoTokenizer."""
-    from tokenizers import processors
-
-    shutil.copyfile(vocab_file, folder / "vocab.txt")
-    tokenizer = load_tokenizer(vocab_file, do_lower_case)
-    backend = tokenizer.backend
-    backend.add_special_tokens(list(SPECIALS.values()))  # "[MASK]" typed in text stays one token
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)])
-    backend.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
-              "tokenize_chinese_chars": True, "do_basic_tokenize": True, "model_max_length": model_max_length,
-              "clean_up_tokenization_spaces": False, **SPECIALS}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
-
-
 def export_huggingface(model: InferenceModel, output_dir: str | os.PathLike, vocab_file: str,
                        do_lower_case: bool = True, heads: str = "all", skip=()) -> Path:
-    """A Hugging Face folder of a built model of either backend (see :func:`write_huggingface`)."""
+    """A Hugging Face folder of a built model of either backend (see :func:`write_huggingface`; a ModernBERT:
+    :func:`.hf_modernbert.write_modernbert_folder`)."""
+    if isinstance(model.config, ModernBertConfig):
+        check_modernbert_export("hf", heads)
+        return write_modernbert_folder(model.google_weights(skip), model.config, output_dir, vocab_file=vocab_file,
+                                       do_lower_case=do_lower_case)
     return write_huggingface(model.google_weights(skip), model.config, output_dir, vocab_file, do_lower_case, heads)
 
 
@@ -115,7 +99,7 @@ def write_huggingface(google: dict[str, np.ndarray], config: BertConfig, output_
             json.dumps(huggingface_config(config, architecture), indent=2) + "\n")
         write_tokenizer_files(folder, vocab_file, do_lower_case, config.max_position_embeddings)
 
-    return _write_folder(output_dir, write, "hf")
+    return write_export_folder(output_dir, write, "hf")
 
 
 # -- Google's original TF checkpoint ------------------------------------------------------------------
@@ -143,55 +127,7 @@ def write_google_checkpoint(weights: dict[str, np.ndarray], config: BertConfig, 
         config.to_json_file(folder / "bert_config.json")
         shutil.copyfile(vocab_file, folder / "vocab.txt")
 
-    return _write_folder(output_dir, write, "tf")
-
-
-EXPORT_RECORD = ".tpu_pretrain_export.json"  # the files an export wrote: only those may be replaced
-
-
-def check_export_destination(output_dir: str | os.PathLike) -> Path:
-    """Refuse a destination that is a file, remote, or a folder holding anything but an earlier export's files."""
-    out = Path(output_dir)
-    if "://" in str(output_dir):
-        raise UserInputError(f"{output_dir}: export to a local folder, then `tpu-pretrain upload` it.")
-    if out.exists() and not out.is_dir():
-        raise UserInputError(f"--output {out} is a file; an export is a folder. Choose a new or empty folder.")
-    if not out.is_dir():
-        return out
-    present = {p.relative_to(out).as_posix() for p in out.rglob("*") if not p.is_dir()}
-    try:
-        written = set(json.loads((out / EXPORT_RECORD).read_text())["files"]) | {EXPORT_RECORD}
-    except (OSError, ValueError, KeyError, TypeError):
-        written = set()
-    foreign = sorted(present - written)
-    if present and foreign:
-        kind = "files this tool did not write" if written else "files, and is not an earlier export of tpu-pretrain"
-        raise UserInputError(
-            f"--output {out} holds {kind} ({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}). "
-            "Nothing was written or deleted: choose a new or empty folder, or move those files away.")
-    return out
-
-
-def _write_folder(output_dir: str | os.PathLike, write, format: str) -> Path:
-    """Write into a sibling temporary folder, then swap it in: a reader never sees half an export, and only an
-    earlier export (every file listed in its record) is ever replaced."""
-    out = check_export_destination(output_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = new_temp_folder(out)  # a killed export's leftovers go first
-    try:
-        write(tmp)
-        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-        (tmp / EXPORT_RECORD).write_text(json.dumps({"format": format, "files": files}, indent=2) + "\n")
-        if out.exists():
-            old = new_temp_folder(out)
-            os.replace(out, old)  # onto an empty folder of our own
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return write_export_folder(output_dir, write, "tf")
 
 
 # -- runs ----------------------------------------------------------------------------------------------
@@ -217,12 +153,28 @@ def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.P
             raise UserInputError(f"{source} is not a run folder: say where the export goes (--output).")
         output_dir = run.export_dir(format)
     check_export_destination(output_dir)  # before the slow work
+    if run.is_run() and isinstance(run.read_model_config(), ModernBertConfig):
+        check_modernbert_export(format, heads)
     if trained is None and run.is_run():
-        weights, bert_config, vocab, lower = run_google_weights(source, checkpoint)
+        weights, model_config, vocab, lower = run_google_weights(source, checkpoint)
     else:
         trained = trained or load_trained_model(source, checkpoint, backend=backend)
-        weights, bert_config = trained.google_weights(), trained.model.config
+        weights, model_config = trained.google_weights(), trained.model.config
         vocab, lower = trained.vocab_file, trained.do_lower_case
+    if isinstance(model_config, ModernBertConfig):
+        check_modernbert_export(format, heads)
+        return write_modernbert_folder(weights, model_config, output_dir, vocab_file=vocab, do_lower_case=lower)
     if format == "hf":
-        return write_huggingface(weights, bert_config, output_dir, vocab, lower, heads)
-    return write_google_checkpoint(weights, bert_config, output_dir, vocab)
+        return write_huggingface(weights, model_config, output_dir, vocab, lower, heads)
+    return write_google_checkpoint(weights, model_config, output_dir, vocab)
+
+
+def check_modernbert_export(format: str, heads: str) -> None:
+    """A ModernBERT exports as a transformers folder of ``ModernBertForMaskedLM`` (its encoder loads from it with
+    ``AutoModel``): Google's checkpoint format, and BERT's choice of heads, have no place for it."""
+    if format != "hf":
+        raise UserInputError(f"format={format}: Google's BERT checkpoint (bert_model.ckpt) has no place for a "
+                             "ModernBERT; export this ModernBERT run with --format hf (a transformers folder).")
+    if heads != "all":
+        raise UserInputError(f"heads={heads}: a ModernBERT exports as ModernBertForMaskedLM, whole (AutoModel loads "
+                             "its encoder from that folder); leave --heads unset.")

@@ -1,6 +1,7 @@
 """The JAX backend's half of :class:`..core.inference.InferenceModel`: a run used without TensorFlow.
 
-The Keras 3 model of :mod:`.model`, in float32, filled with weights by Google name; its logits, batch
+The Keras 3 model of :mod:`.model` (or :mod:`.modernbert`: :mod:`.families` picks by the config), in float32,
+filled with weights by Google name (a ModernBERT's by transformers' names, as its run stores them); its logits, batch
 statistics (:mod:`.stats`, the core's formula) and hidden states come from functions compiled once per
 shape with ``jax.jit``, the weights passed in as arguments (not baked into the program as constants). The
 probe's fine-tuning trains the encoder with a linear head through Keras's own ``fit``.
@@ -19,8 +20,10 @@ import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
 from ..core.bert_config import BertConfig  # noqa: E402
+from ..core.modernbert_config import ModernBertConfig  # noqa: E402
 from ..core.run_weights import JAX  # noqa: E402
-from .model import PretrainingBert, assign_google_weights, build_model, google_weights  # noqa: E402
+from .families import family_of  # noqa: E402
+from .model import PretrainingBert  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
@@ -34,6 +37,7 @@ class JaxInference:
 
     def __init__(self, model: PretrainingBert, max_seq_length: int, max_predictions_per_seq: int):
         self.model, self.config, self.with_nsp = model, model.config, model.with_nsp
+        self.family = family_of(model.config)
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self._outputs = self._compiled(lambda ids, segments, positions: model([ids, segments, positions]))
         self._stats = self._compiled(lambda batch: pretraining_stats(
@@ -41,11 +45,11 @@ class JaxInference:
         self._encode = self._compiled(lambda ids, segments: model.encode(ids, segments))
 
     @classmethod
-    def build(cls, config: BertConfig, max_seq_length: int, max_predictions_per_seq: int, with_nsp: bool,
-              seed: int | None = None) -> JaxInference:
+    def build(cls, config: BertConfig | ModernBertConfig, max_seq_length: int, max_predictions_per_seq: int,
+              with_nsp: bool, seed: int | None = None) -> JaxInference:
         if seed is not None:
             keras.utils.set_random_seed(seed)
-        model = build_model(config, max_seq_length, max_predictions_per_seq, with_nsp, dtype="float32")
+        model = family_of(config).build(config, max_seq_length, max_predictions_per_seq, with_nsp, dtype="float32")
         return cls(model, max_seq_length, max_predictions_per_seq)
 
     def _compiled(self, function):
@@ -61,10 +65,10 @@ class JaxInference:
 
     # -- the contract ---------------------------------------------------------------------------------
     def load_google_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]:
-        return assign_google_weights(self.model, weights, source)[1]
+        return self.family.assign(self.model, weights, source)[1]
 
     def google_weights(self, skip=()) -> dict[str, np.ndarray]:
-        return google_weights(self.model, skip)
+        return self.family.weights(self.model, skip)
 
     def outputs(self, input_ids, segment_ids, positions) -> list[np.ndarray]:
         out = self._outputs(*(np.asarray(x, np.int32) for x in (input_ids, segment_ids, positions)))

@@ -34,8 +34,8 @@ from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
+from .families import family_of  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
-from .model import build_model, from_google, google_variables, to_google  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
@@ -94,9 +94,10 @@ class JaxTrainer:
     def _build(self) -> None:
         t, d = self.config.train, self.config.data
         keras.utils.set_random_seed(t.train_seed)
-        self.model = build_model(self.bert_config, d.max_seq_length, d.max_predictions_per_seq, self.with_nsp,
-                                 dtype=self.devices.dtype_policy)
-        by_id = {id(v): name for name, v in google_variables(self.model).items()}
+        self.family = family_of(self.bert_config)  # BERT or ModernBERT: its model, weight names and layout
+        self.model = self.family.build(self.bert_config, d.max_seq_length, d.max_predictions_per_seq, self.with_nsp,
+                                       dtype=self.devices.dtype_policy)
+        by_id = {id(v): name for name, v in self.family.variables(self.model).items()}
         self.names = [by_id[id(v)] for v in self.model.trainable_variables]
         self.keras_names = process_independent([v.path for v in self.model.non_trainable_variables])
         if self.config.model.init_checkpoint:
@@ -125,12 +126,11 @@ class JaxTrainer:
         return jax.device_put(tree, self.devices.replicated())
 
     def _load_init_checkpoint(self, path: str) -> None:
-        """Google or Hugging Face weights by Google name (a Google TF checkpoint is read with NumPy alone)."""
-        from ..core.weight_names import read_checkpoint_weights
-
-        loaded, missing = self.set_google_weights(read_checkpoint_weights(path), strict=False)
+        """Released weights by the family's names: BERT's Google or Hugging Face checkpoints by Google name (a
+        Google TF checkpoint is read with NumPy alone), ModernBERT's transformers folders by transformers' names."""
+        loaded, missing = self.set_google_weights(self.family.read_init(path), strict=False)
         if not loaded:
-            raise UserInputError(f"init_checkpoint {path} holds no BERT weights that this model uses.")
+            raise UserInputError(f"init_checkpoint {path} holds no {self.family.what} weights that this model uses.")
         log.info("Initialised %d weights from %s; %d keep their random init%s", len(loaded), path, len(missing),
                  f": {', '.join(missing[:6])}" if missing else "")
 
@@ -315,19 +315,19 @@ class JaxTrainer:
 
     # -- weights and checkpoints ------------------------------------------------------------------------
     def google_weights(self) -> dict[str, np.ndarray]:
-        """The current weights by Google BERT name, as Google stores them (float32)."""
+        """The current weights by stored name, as stored (float32): Google's for BERT, transformers' for ModernBERT."""
         params = jax.device_get(self.state["params"])
-        return {n: np.asarray(to_google(n, p), np.float32) for n, p in zip(self.names, params, strict=True)}
+        return {n: np.asarray(self.family.to_stored(n, p), np.float32) for n, p in zip(self.names, params, strict=True)}
 
     def set_google_weights(self, weights: dict[str, np.ndarray], strict: bool = True) -> tuple[list, list]:
-        """Load weights by Google name; returns (loaded, missing) names. ``strict``: all must be there."""
+        """Load weights by stored name; returns (loaded, missing) names. ``strict``: all must be there."""
         variables = dict(zip(self.names, self.model.trainable_variables, strict=True))
         loaded = [n for n in self.names if n in weights]
         missing = [n for n in self.names if n not in weights]
         if strict and missing:
             raise ValueError(f"weights lack {missing[:3]}")
         for name in loaded:
-            value = np.asarray(from_google(name, weights[name]), np.float32)
+            value = np.asarray(self.family.from_stored(name, weights[name]), np.float32)
             if tuple(value.shape) != tuple(variables[name].shape):
                 raise UserInputError(f"{name} has shape {tuple(value.shape)} but the model needs "
                                      f"{tuple(variables[name].shape)}; build the model from the checkpoint's config.")
@@ -337,10 +337,10 @@ class JaxTrainer:
         return loaded, missing
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
-        state = jax.device_get(self.state)
-        arrays = {f"{PARAMS}{n}": np.asarray(to_google(n, p)) for n, p in zip(self.names, state["params"], strict=True)}
+        state, stored = jax.device_get(self.state), self.family.to_stored  # as Google (transformers) stores them
+        arrays = {f"{PARAMS}{n}": np.asarray(stored(n, p)) for n, p in zip(self.names, state["params"], strict=True)}
         for slot in ("m", "v"):
-            arrays.update({f"{slot}/{n}": np.asarray(to_google(n, x))
+            arrays.update({f"{slot}/{n}": np.asarray(stored(n, x))
                            for n, x in zip(self.names, state["slots"][slot], strict=True)})
         arrays.update({f"keras/{n}": np.asarray(x) for n, x in zip(self.keras_names, state["keras"], strict=True)})
         arrays["step"] = np.asarray(state["step"])
@@ -351,9 +351,10 @@ class JaxTrainer:
     def _put_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """The state from a checkpoint's arrays. The loss scale is float16's alone: a checkpoint without it (an
         older one, or one trained in another precision) starts from the initial scale; others ignore it."""
+        unstored = self.family.from_stored
         state = {
-            "params": [jnp.asarray(from_google(n, arrays[f"{PARAMS}{n}"])) for n in self.names],
-            "slots": {s: [jnp.asarray(from_google(n, arrays[f"{s}/{n}"])) for n in self.names] for s in ("m", "v")},
+            "params": [jnp.asarray(unstored(n, arrays[f"{PARAMS}{n}"])) for n in self.names],
+            "slots": {s: [jnp.asarray(unstored(n, arrays[f"{s}/{n}"])) for n in self.names] for s in ("m", "v")},
             "keras": [jnp.asarray(arrays[f"keras/{n}"]) for n in self.keras_names],
             "step": jnp.asarray(arrays["step"], jnp.int32)}
         if self.loss_scaling:
@@ -366,7 +367,7 @@ class JaxTrainer:
     def _state_shapes(self) -> dict[str, tuple]:
         shapes = {"step": ()}
         for n, v in zip(self.names, self.model.trainable_variables, strict=True):
-            shape = tuple(to_google(n, np.zeros(v.shape, np.int8)).shape)  # as Google stores it
+            shape = tuple(self.family.to_stored(n, np.zeros(v.shape, np.int8)).shape)  # as stored
             shapes.update({f"{PARAMS}{n}": shape, f"m/{n}": shape, f"v/{n}": shape})
         shapes.update({f"keras/{n}": tuple(v.shape) for n, v in zip(self.keras_names,
                                                                      self.model.non_trainable_variables, strict=True)})

@@ -1,0 +1,88 @@
+"""What every export writes the same way: the destination checked (only a new or empty folder, or an earlier
+export's, is ever replaced), the folder written beside it and swapped in, and the tokenizer files of a WordPiece
+vocab that ``transformers.AutoTokenizer`` loads (BERT's and a ModernBERT run's alike)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ..data.tokenization import load_tokenizer
+from ..errors import UserInputError
+from ..storage.local import new_temp_folder
+
+SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]"}
+
+
+def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, model_max_length: int,
+                          model_input_names: list[str] | None = None) -> None:
+    """vocab.txt, tokenizer.json (fast), tokenizer_config.json and special_tokens_map.json, for AutoTokenizer.
+    ``model_input_names``: what the tokenizer returns, where not BERT's (ModernBERT has no token types)."""
+    from tokenizers import processors
+
+    shutil.copyfile(vocab_file, folder / "vocab.txt")
+    tokenizer = load_tokenizer(vocab_file, do_lower_case)
+    backend = tokenizer.backend
+    backend.add_special_tokens(list(SPECIALS.values()))  # "[MASK]" typed in text stays one token
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)])
+    backend.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
+              "tokenize_chinese_chars": True, "do_basic_tokenize": True, "model_max_length": model_max_length,
+              "clean_up_tokenization_spaces": False, **SPECIALS}
+    if model_input_names:
+        config["model_input_names"] = model_input_names
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
+
+
+EXPORT_RECORD = ".tpu_pretrain_export.json"  # the files an export wrote: only those may be replaced
+
+
+def check_export_destination(output_dir: str | os.PathLike) -> Path:
+    """Refuse a destination that is a file, remote, or a folder holding anything but an earlier export's files."""
+    out = Path(output_dir)
+    if "://" in str(output_dir):
+        raise UserInputError(f"{output_dir}: export to a local folder, then `tpu-pretrain upload` it.")
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--output {out} is a file; an export is a folder. Choose a new or empty folder.")
+    if not out.is_dir():
+        return out
+    present = {p.relative_to(out).as_posix() for p in out.rglob("*") if not p.is_dir()}
+    try:
+        written = set(json.loads((out / EXPORT_RECORD).read_text())["files"]) | {EXPORT_RECORD}
+    except (OSError, ValueError, KeyError, TypeError):
+        written = set()
+    foreign = sorted(present - written)
+    if present and foreign:
+        kind = "files this tool did not write" if written else "files, and is not an earlier export of tpu-pretrain"
+        raise UserInputError(
+            f"--output {out} holds {kind} ({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}). "
+            "Nothing was written or deleted: choose a new or empty folder, or move those files away.")
+    return out
+
+
+def write_export_folder(output_dir: str | os.PathLike, write, format: str) -> Path:
+    """Write into a sibling temporary folder, then swap it in: a reader never sees half an export, and only an
+    earlier export (every file listed in its record) is ever replaced."""
+    out = check_export_destination(output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = new_temp_folder(out)  # a killed export's leftovers go first
+    try:
+        write(tmp)
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        (tmp / EXPORT_RECORD).write_text(json.dumps({"format": format, "files": files}, indent=2) + "\n")
+        if out.exists():
+            old = new_temp_folder(out)
+            os.replace(out, old)  # onto an empty folder of our own
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
