@@ -1,7 +1,7 @@
 """BERT and ModernBERT on the JAX backend at equal training compute: held-out MLM figures per FLOP, per corpus.
 
-Usage: python benchmarks/bench_families.py CORPUS[:SEP] [CORPUS[:SEP] ...] [--bert_steps 200]
-           [--bert_size L4-H256] [--modernbert_size L4-H256] [--probe_task TASK|- ...]
+Usage: python benchmarks/bench_families.py CORPUS[:SEP] [CORPUS[:SEP] ...] [--bert_steps 160]
+           [--bert_size L2-H256] [--modernbert_size L2-H256] [--probe_task TASK|- ...]
        python benchmarks/bench_families.py --smoke   (the built-in sample corpus, tiny models, a few steps)
 
 Each corpus (``PATH``, or ``PATH:SEP`` for documents separated by ``SEP`` lines, e.g. ``zh_fortunes.txt:%``) gets
@@ -16,7 +16,7 @@ BERT (less its pooler and NSP head, which an MLM-only BERT does not have, as ben
 sequence, the masked-position MLM head, backward = 2 x forward, the local layers' attention counted over the whole
 sequence (their window is masked, not skipped).
 
-Model shapes: by default the same layers and width (``L4-H256``: BERT's FFN is 4 H wide, ModernBERT's GeGLU 1.5 H,
+Model shapes: by default the same layers and width (``L2-H256``: BERT's FFN is 4 H wide, ModernBERT's GeGLU 1.5 H,
 so the ModernBERT has fewer parameters and FLOPs and takes more steps); ``--modernbert_size`` picks another named
 ModernBERT size (e.g. a parameter-matched one). Both parameter counts are printed.
 
@@ -128,9 +128,8 @@ def train_family(args, family: str, data: Path, run: Path, steps: int, task: str
     return row
 
 
-def bench_corpus(args, corpus: Path, separator: str, task: str | None, work: Path) -> dict:
-    """Both families on one corpus: the rows and what they share."""
-    vocab, data = make_data(args, corpus, separator, work)
+def bench_corpus(args, corpus: Path, separator: str, task: str | None, work: Path, data: Path) -> dict:
+    """Both families on one corpus (its data folder made): the rows and what they share."""
     flops = {f: flops_per_sequence(run_settings(args, f, data, work / f"run-{f}", 1)) for f in FAMILIES}
     budget = args.bert_steps * args.batch * flops["bert"]
     rows = {}
@@ -147,7 +146,7 @@ def print_table(args, results: list[dict]) -> None:
     print(f"\nJAX backend, modern recipe for both; BERT {args.bert_size} vs ModernBERT {args.modernbert_size}, length "
           f"{args.max_seq_length}, batch {args.batch}, peak learning rate {args.learning_rate}, seed {args.seed}; "
           f"BERT {args.bert_steps} steps and ModernBERT the same training FLOPs; held-out MLM on every eval record "
-          "(masked at 0.15)")
+          "(masked at 0.15)", flush=True)
     print("corpus               family      params  MFLOP/seq  steps  TFLOP  seconds  steps/s  seq/s "
           "| eval loss  acc   | probe: pretrained  random  majority")
     for r in results:
@@ -166,7 +165,7 @@ def print_table(args, results: list[dict]) -> None:
             print(f"{r['corpus'].name}: modernbert - bert held-out MLM loss {m['mlm_loss'] - b['mlm_loss']:+.3f}, "
                   f"accuracy {m['mlm_accuracy'] - b['mlm_accuracy']:+.3f} ({r['rows']['bert']['eval_examples']} eval "
                   f"sequences, {r['max_predictions']} masked-position slots per sequence)"
-                  + (f"; probe task {r['task']}" if r["task"] else ""))
+                  + (f"; probe task {r['task']}" if r["task"] else ""), flush=True)
 
 
 def main() -> None:
@@ -174,12 +173,13 @@ def main() -> None:
     parser.add_argument("corpus", nargs="*", help="text corpora, PATH or PATH:SEP (--smoke: the built-in sample)")
     parser.add_argument("--probe_task", nargs="+", default=[],
                         help="a labelled text<TAB>label file per corpus, in order ('-': no probe for that corpus)")
-    parser.add_argument("--vocab_size", type=int, default=4000)
-    parser.add_argument("--bert_size", default="L4-H256")
-    parser.add_argument("--modernbert_size", default="L4-H256")
+    parser.add_argument("--vocab_size", type=int, default=8000, help="per corpus (zh_fortunes needs 7,062 for its "
+                        "characters)")
+    parser.add_argument("--bert_size", default="L2-H256")
+    parser.add_argument("--modernbert_size", default="L2-H256")
     parser.add_argument("--max_seq_length", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--bert_steps", type=int, default=200)
+    parser.add_argument("--bert_steps", type=int, default=160)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log_every", type=int, default=25, help="steps per timed call and log line")
@@ -208,9 +208,15 @@ def main() -> None:
     if args.smoke and not args.corpus and not args.probe_task:  # the probe's code path too
         tasks = [smoke_task(specs[0][0], work / "task.tsv")]
     started = time.perf_counter()
-    results = [bench_corpus(args, path, separator, task, work / f"{i}-{path.stem}")
-               for i, ((path, separator), task) in enumerate(zip(specs, tasks, strict=True))]
-    print_table(args, results)
+    folders = [work / f"{i}-{path.stem}" for i, (path, _) in enumerate(specs)]
+    datas = [make_data(args, path, separator, folder)[1]  # every corpus's data first: a bad one fails early
+             for (path, separator), folder in zip(specs, folders, strict=True)]
+    results = []
+    for (path, separator), task, folder, data in zip(specs, tasks, folders, datas, strict=True):
+        results.append(bench_corpus(args, path, separator, task, folder, data))
+        print_table(args, results[-1:])  # as each corpus is done, then all together
+    if len(results) > 1:
+        print_table(args, results)
     if args.smoke and not args.work:
         shutil.rmtree(work, ignore_errors=True)  # a throw-away run: leave nothing behind
         where = "data and runs removed (smoke mode)"
