@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -172,7 +173,7 @@ def main() -> None:
         settings = {**SETTINGS, "dupe_factor": args.dupe_factor}
         text = args.corpus.read_text(encoding="utf-8")
         text = short_documents(text) if args.short_documents else text if text.endswith("\n") else text + "\n"
-        docs = text.count("\n\n") + 1
+        docs = len(re.findall(r"\n[ \t]*\n(?=[^\n])", text)) + 1  # blank (or whitespace) lines end documents
         print(f"machine: {os.cpu_count()} cores; corpus {args.corpus} ({len(text.encode()) / 1e6:.2f} MB, "
               f"{docs} documents of {len(text) / docs:.0f} characters on average"
               f"{', cut into 1-3 sentences' if args.short_documents else ''}); settings {settings}, "
