@@ -24,6 +24,20 @@ SIZE_ALIASES = {"tiny": "L2-H128", "mini": "L4-H256", "small": "L4-H512", "mediu
                 "base": "L12-H768", "large": "L24-H1024"}
 
 
+def read_config_json(path: str | os.PathLike, what: str) -> dict:
+    """A model config file's JSON object, or a :class:`UserInputError` naming ``what`` and the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{what} {path} does not exist.")
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"{what} {path} is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise UserInputError(f"{what} {path} is not a JSON object.")
+    return values
+
+
 @dataclass
 class BertConfig:
     """The fields of Google's ``bert_config.json`` (also read from a Hugging Face ``config.json``)."""
@@ -47,13 +61,7 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
-        path = Path(path)
-        if not path.is_file():
-            raise UserInputError(f"bert_config_file {path} does not exist.")
-        try:
-            values = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise UserInputError(f"bert_config_file {path} is not valid JSON: {exc}") from None
+        values = read_config_json(path, "bert_config_file")
         if "vocab_size" not in values:
             raise UserInputError(f"bert_config_file {path} has no vocab_size; is it a BERT config?")
         return cls.from_dict(values)

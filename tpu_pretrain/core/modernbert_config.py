@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import UserInputError
 from ..storage.local import write_text_atomic
+from .bert_config import read_config_json
 
 # Published ModernBERT (answerdotai/ModernBERT-base, -large) and miniatures named as BERT's are:
 # "L{layers}-H{hidden}" -> (layers, hidden, intermediate). Miniatures: 64-wide heads and base's 1.5x GeGLU width.
@@ -163,15 +164,7 @@ class ModernBertConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> ModernBertConfig:
-        path = Path(path)
-        if not path.is_file():
-            raise UserInputError(f"ModernBERT config {path} does not exist.")
-        try:
-            values = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise UserInputError(f"ModernBERT config {path} is not valid JSON: {exc}") from None
-        if not isinstance(values, dict):
-            raise UserInputError(f"ModernBERT config {path} is not a JSON object.")
+        values = read_config_json(path, "ModernBERT config")
         if "model_type" not in values:
             raise UserInputError(f"{path} has no model_type; a ModernBERT config.json says model_type 'modernbert'.")
         return cls.from_hf_dict(values, str(path))
