@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,7 @@ class Runtimes:
             self.monkeypatch.delenv(key, raising=False)
         env.update(SIMULATED[runtime])
         env["TPU_PRETRAIN_KAGGLE_INPUT"] = str(self.kaggle_input)
+        env["TPU_PRETRAIN_RUNTIME_STARTED"] = str(time.time())  # a fresh runtime, whatever this machine's uptime
         for key, value in env.items():
             self.monkeypatch.setenv(key, value)
         output = self.root / "executed" / name
