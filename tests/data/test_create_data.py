@@ -15,7 +15,7 @@ from shard_reading import originals, read_shards
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.data.create import create_pretraining_data
-from tpu_pretrain.data.instances import truncation_counts
+from tpu_pretrain.data.pair_loop import truncation_counts
 from tpu_pretrain.data.shard import read_blocks
 from tpu_pretrain.data.tfrecord import read_records
 from tpu_pretrain.data.tokenization import load_tokenizer

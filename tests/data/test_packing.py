@@ -13,7 +13,14 @@ from tpu_pretrain.config import Config
 from tpu_pretrain.data.corpus import CorpusReader
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.data_folder import Manifest, ShardStats
-from tpu_pretrain.data.instances import InstanceSpec, PairMaker, SequencePacker, TokenBlock, _select_masked
+from tpu_pretrain.data.instances import (
+    Instances,
+    InstanceSpec,
+    SequencePacker,
+    TokenBlock,
+    _select_masked,
+    pair_batches,
+)
 from tpu_pretrain.data.tfrecord import decode_example, read_records
 from tpu_pretrain.data.tokenization import load_tokenizer
 from tpu_pretrain.data.vocab import build_vocab
@@ -169,8 +176,9 @@ def test_summary_reports_fill_and_warns_when_sequences_are_mostly_padding():
 
 @pytest.mark.parametrize("nsp", [True, False])
 def test_segment_pairs_as_spans_are_googles_pairs(nsp):
-    """The span arithmetic of PairMaker gives, token for token, the pairs the written-out algorithm builds from
-    lists, on documents with sentences longer than a sequence (truncation) and of one sentence (random next)."""
+    """The compiled loop on spans gives, token for token, the pairs the written-out algorithm builds from lists
+    with Python's random.Random, on documents with sentences longer than a sequence (truncation) and of one
+    sentence (random next), and leaves the generator where the written-out algorithm leaves it."""
     lengths = np.random.default_rng(7)
     next_id = iter(range(1000, 10**6))
     docs = [[[next(next_id) for _ in range(int(lengths.integers(1, 90)))] for _ in range(int(lengths.integers(1, 6)))]
@@ -179,17 +187,19 @@ def test_segment_pairs_as_spans_are_googles_pairs(nsp):
                         do_whole_word_mask=False, nsp=nsp, cls_id=CLS, sep_id=SEP, mask_id=4,
                         replacement_ids=np.arange(5, 50, dtype=np.int32))
     block = TokenBlock([[(np.asarray(s, np.int32), np.zeros(len(s), bool)) for s in doc] for doc in docs])
-    maker, ours, reference = PairMaker(block, spec), random.Random(3), random.Random(3)
+    ours, reference = random.Random(3), random.Random(3)
     expected = []
     for _ in range(3):
         for index in range(len(docs)):
-            maker.add_document(index, ours)
             expected += segment_pairs(docs, index, spec.max_seq_length, spec.short_seq_prob, nsp, reference)
-    got = maker.take()
+    batches = pair_batches(block, spec, ours, passes=3, batch=50)
+    assert all(len(b) >= 50 for b in batches[:-1])
+    got = Instances.join(batches)
     pairs = [(block.ids[a:a + la].tolist(), block.ids[b:b + lb].tolist(), bool(r)) for a, la, b, lb, r in
              zip(got.a_start, got.a_len, got.b_start, got.b_len, got.random_next, strict=True)]
     assert len(pairs) > 100 and pairs == expected
     assert any(len(a) + len(b) == spec.max_seq_length - 3 for a, b, _ in pairs)  # truncation happened
+    assert ours.getstate() == reference.getstate()
 
 
 @pytest.mark.parametrize("whole_word", [True, False])

@@ -24,7 +24,7 @@ from pretraining_fixtures import synthetic_instances, write_vocab  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.data.data_folder import Manifest, ShardStats  # noqa: E402
-from tpu_pretrain.data.tfrecord import AtomicRecordWriter, encode_examples  # noqa: E402
+from tpu_pretrain.data.tfrecord import AtomicRecordWriter  # noqa: E402
 
 T, P, V, B = 32, 5, 300, 8
 
@@ -41,7 +41,7 @@ def write_data(folder: Path, train: int = 96, shards: int = 2) -> str:
         arrays = {k: np.asarray([inst[k] for inst in part]) for k in part[0]}
         arrays["masked_lm_weights"] = arrays["masked_lm_weights"].astype(np.float32)
         writer = AtomicRecordWriter(folder / name)
-        writer.write_all(encode_examples(arrays))
+        writer.write_examples(arrays)
         writer.close()
         manifest.shards.append(ShardStats(file=name, split="train", instances=len(part)))
     (folder / "manifest.json").write_text(json.dumps(manifest.to_json()))

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..storage.local import write_text_atomic
 from .data_folder import EVAL, MANIFEST, TRAIN, VOCAB, DataInfo, Manifest, ShardStats, read_data_info, shard_name
-from .tfrecord import AtomicRecordWriter, encode_examples
+from .tfrecord import AtomicRecordWriter
 from .vocab import SPECIAL_TOKENS, vocab_sha256
 
 
@@ -44,7 +44,7 @@ def write_random_data_folder(folder: str | os.PathLike, n: int, seq: int, pred: 
             continue
         name = shard_name(split, 0, 1)
         writer = AtomicRecordWriter(folder / name)
-        writer.write_all(encode_examples(random_batch(count, seq, pred, vocab, seed)))
+        writer.write_examples(random_batch(count, seq, pred, vocab, seed))
         sha256 = writer.close()
         shards.append(ShardStats(file=name, split=split, documents=count, sentences=2 * count,
                                  tokens=count * (seq - 3), instances=count, masked_tokens=count * pred,

@@ -22,8 +22,10 @@ import numpy as np
 
 from ..storage.local import write_text_atomic
 from .data_folder import TRAIN, ShardStats, sha256_file, shard_name, shard_stats_name
-from .instances import Instances, InstanceSpec, PairMaker, Sentence, SequencePacker, TokenBlock, mask_batch
-from .tfrecord import AtomicRecordWriter, encode_examples
+from .example_encoder import encode_framed, reordered
+from .instances import Instances, InstanceSpec, Sentence, SequencePacker, TokenBlock, mask_batch, pair_batches
+from .python_random import shuffled_order
+from .tfrecord import AtomicRecordWriter
 from .vocab import replacement_ids
 
 log = logging.getLogger(__name__)
@@ -77,8 +79,8 @@ def write_shard(task: ShardTask, lines: Iterable[str] | None = None) -> ShardSta
         block_number = -1
         blocks = read_blocks(task.work_file) if lines is None else blocks_of_lines(lines)
         for block_number, block in enumerate(blocks):
-            record_writer.write_all(writer.block_records(block, block_number, stats))
-        record_writer.write_all(writer.last_records(block_number + 1, stats))
+            record_writer.write_framed(*writer.block_records(block, block_number, stats))
+        record_writer.write_framed(*writer.last_records(block_number + 1, stats))
         stats.sha256 = record_writer.close()
     except BaseException:
         record_writer.abort()
@@ -176,56 +178,59 @@ class ShardWriter:
                 docs.append(sents)
         return TokenBlock(docs)
 
-    def block_records(self, block: list[list[str]], block_number: int, stats: ShardStats) -> list[bytes]:
+    def block_records(self, block: list[list[str]], block_number: int, stats: ShardStats) -> tuple[np.ndarray, int]:
+        """The block's records, framed, in a random order, and how many there are."""
         tokens = self.tokenize_block(block)
         stats.documents += len(tokens)
-        stats.sentences += sum(len(d) for d in tokens.lengths)
+        stats.sentences += len(tokens.lengths)
         stats.tokens += len(tokens.ids)
         rng, np_rng = self._rngs(block_number)
-        records: list[bytes] = []
+        batches: list[tuple[np.ndarray, np.ndarray]] = []
         pending: list[Instances] = []
         for instances in self._instances(tokens, rng):
             pending.append(instances)
             if sum(len(p) for p in pending) >= BATCH:
-                records.extend(self._encode(Instances.join(pending), np_rng, stats))
+                batches.append(self._encode(Instances.join(pending), np_rng, stats))
                 pending = []
         if pending:
-            records.extend(self._encode(Instances.join(pending), np_rng, stats))
-        rng.shuffle(records)
-        return records
+            batches.append(self._encode(Instances.join(pending), np_rng, stats))
+        return shuffled_records(batches, rng)
 
     def _instances(self, tokens: TokenBlock, rng: random.Random) -> Iterator[Instances]:
         """``dupe_factor`` passes over the block: segment pairs per document, or packed sequences."""
-        pairs = PairMaker(tokens, self.spec)
-        for _ in range(self.settings["dupe_factor"]):
-            if self.packer is not None:  # each pass in its own document order
-                order = list(range(len(tokens)))
-                rng.shuffle(order)
-                yield self.packer.pack([tokens.document(i) for i in order])
-                continue
-            for doc_index in range(len(tokens)):
-                pairs.add_document(doc_index, rng)
-                if len(pairs) >= BATCH:
-                    yield pairs.take()
-        if len(pairs):
-            yield pairs.take()
+        if self.packer is None:
+            yield from pair_batches(tokens, self.spec, rng, self.settings["dupe_factor"], BATCH)
+            return
+        for _ in range(self.settings["dupe_factor"]):  # each pass in its own document order
+            order = list(range(len(tokens)))
+            rng.shuffle(order)
+            yield self.packer.pack([tokens.document(i) for i in order])
 
-    def last_records(self, block_number: int, stats: ShardStats) -> list[bytes]:
+    def last_records(self, block_number: int, stats: ShardStats) -> tuple[bytes, int]:
         """What packing left over after the last block: the shard's one partly filled sequence."""
         last = self.packer.finish() if self.packer is not None else None
-        return self._encode(last, self._rngs(block_number)[1], stats) if last is not None else []
+        if last is None:
+            return b"", 0
+        buffer, offsets = self._encode(last, self._rngs(block_number)[1], stats)
+        return buffer.tobytes(), len(offsets) - 1
 
     def _rngs(self, block_number: int) -> tuple[random.Random, np.random.Generator]:
         seed = [*self.seed, block_number]
         return random.Random(hash_seed(seed)), np.random.Generator(np.random.PCG64(seed))
 
-    def _encode(self, instances: Instances, np_rng, stats: ShardStats) -> list[bytes]:
+    def _encode(self, instances: Instances, np_rng, stats: ShardStats) -> tuple[np.ndarray, np.ndarray]:
         batch, real_tokens = mask_batch(instances, self.spec, np_rng)
         stats.instances += len(instances)
         stats.masked_tokens += int(batch["masked_lm_weights"].sum())
         stats.real_tokens += real_tokens
         stats.random_next += int(batch["next_sentence_labels"].sum())
-        return encode_examples(batch)
+        return encode_framed(batch)
+
+
+def shuffled_records(batches: list[tuple[np.ndarray, np.ndarray]], rng: random.Random) -> tuple[np.ndarray, int]:
+    """Framed records of several batches joined in the order ``rng.shuffle`` would give a list of them."""
+    count = sum(len(offsets) - 1 for _, offsets in batches)
+    return reordered(batches, shuffled_order(count, rng)), count
 
 
 def hash_seed(parts) -> int:

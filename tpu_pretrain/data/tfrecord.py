@@ -1,11 +1,10 @@
 """The TFRecord and ``tf.train.Example`` wire formats, written and read without TensorFlow.
 
 Building ``tf.train.Example`` protos one by one in Python runs at about 10,000/s and protobuf's map
-order varies between processes. Here the ``Example`` wire format is encoded directly from NumPy
-batches, with the feature map in sorted key order (what ``SerializeToString(deterministic=True)``
-gives), and framed as TFRecords (length, masked CRC32C, data, masked CRC32C). Float arrays become
-``FloatList`` features, integer arrays ``Int64List``; which features a record holds is the data
-folder's business (:mod:`.data_folder`), not this module's.
+order varies between processes. Here whole batches are encoded at once (:mod:`.example_encoder`), with
+the feature map in sorted key order (what ``SerializeToString(deterministic=True)`` gives), and framed
+as TFRecords (length, masked CRC32C, data, masked CRC32C); records are read back and checked with
+NumPy and Python. Which features a record holds is the data folder's business (:mod:`.data_folder`).
 """
 
 from __future__ import annotations
@@ -28,104 +27,6 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
-
-
-_SMALL_VARINTS = [_varint(i) for i in range(1 << 14)]
-
-
-def _len_prefix(length: int) -> bytes:
-    return _SMALL_VARINTS[length] if length < (1 << 14) else _varint(length)
-
-
-def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row of a non-negative int matrix as protobuf packed varints: all rows' bytes one after another, and
-    each row's byte count (vectorised over the batch, one pass per byte a value may need)."""
-    largest = int(values.max()) if values.size else 0
-    negative = values.size and int(values.min()) < 0  # ten bytes each (two's complement), as protobuf writes them
-    if largest < 0x80 and not negative:  # masks, segment ids, positions, labels: the values are the bytes
-        return values.astype(np.uint8).reshape(-1), np.full(len(values), values.shape[1], dtype=np.int64)
-    small = largest < 1 << 32 and not negative
-    v = values.reshape(-1).astype(np.uint32 if small else np.uint64, copy=False)
-    largest = largest if not negative else (1 << 64) - 1
-    nbytes = np.ones(v.shape, dtype=np.int64)
-    planes = 1
-    while largest >= 1 << (7 * planes):
-        nbytes += v >= (1 << (7 * planes))
-        planes += 1
-    starts = np.cumsum(nbytes) - nbytes
-    out = np.empty(int(starts[-1] + nbytes[-1]) if v.size else 0, dtype=np.uint8)
-    for k in range(planes):
-        at = slice(None) if k == 0 else nbytes > k
-        group = ((v[at] >> (7 * k)) & 0x7F).astype(np.uint8)
-        out[starts[at] + k] = group | np.where(nbytes[at] > k + 1, np.uint8(0x80), np.uint8(0))
-    return out, nbytes.reshape(values.shape).sum(axis=1)
-
-
-@functools.lru_cache(maxsize=4096)
-def _entry_head(name: str, is_float: bool, payload_length: int) -> bytes:
-    """Everything of one ``map<string, Feature>`` entry that precedes its packed values.
-
-    The entry is: key, then Feature{Int64List|FloatList{packed values}}. Only the payload length
-    varies between examples, so the head is cached per (feature, length).
-    """
-    key = name.encode()
-    list_tag = b"\x12" if is_float else b"\x1a"
-    value_list_head = b"\x0a" + _len_prefix(payload_length)
-    feature_length = len(value_list_head) + payload_length
-    feature_head = list_tag + _len_prefix(feature_length) + value_list_head
-    body_head = b"\x0a" + _len_prefix(len(key)) + key + b"\x12" + _len_prefix(len(feature_head) + payload_length) \
-        + feature_head
-    return b"\x0a" + _len_prefix(len(body_head) + payload_length) + body_head
-
-
-def _rows_of(pieces: list[bytes], which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row ``i`` is ``pieces[which[i]]``: all rows' bytes one after another, and each row's byte count."""
-    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
-    table = np.zeros((len(pieces), max(int(lengths.max()), 1)), dtype=np.uint8)
-    for i, piece in enumerate(pieces):
-        table[i, :len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-    rows = table[which]
-    return rows[np.arange(table.shape[1])[None, :] < lengths[which][:, None]], lengths[which]
-
-
-def _payload(values: np.ndarray, is_float: bool) -> tuple[np.ndarray, np.ndarray]:
-    """A feature's packed values for every row: bytes one after another, and each row's byte count."""
-    if not is_float:
-        return _varint_rows(values)
-    raw = np.ascontiguousarray(values, dtype="<f4").view(np.uint8).reshape(-1)
-    return raw, np.full(len(values), values.shape[1] * 4, dtype=np.int64)
-
-
-def encode_examples(batch: dict[str, np.ndarray]) -> list[bytes]:
-    """Serialised ``tf.train.Example``s for a batch of feature arrays (one row per example).
-
-    Float arrays are written as ``FloatList``, integer arrays (non-negative) as ``Int64List``. The whole batch is
-    laid out in one buffer at once: each example is a sequence of segments (its tag and length, then per feature
-    the entry's head and its packed values), every segment's bytes are copied to their places in one scatter per
-    segment kind, and the buffer is cut into examples.
-    """
-    names = sorted(batch)
-    n = len(batch[names[0]])
-    segments = []  # per kind: (bytes of every row one after another, each row's count)
-    for name in names:
-        values = np.asarray(batch[name]).reshape(n, -1)
-        is_float = np.issubdtype(values.dtype, np.floating)
-        payload, lengths = _payload(values, is_float)
-        sizes, which = np.unique(lengths, return_inverse=True)
-        segments += [_rows_of([_entry_head(name, is_float, int(size)) for size in sizes], which), (payload, lengths)]
-    features_length = sum(lengths for _, lengths in segments)
-    sizes, which = np.unique(features_length, return_inverse=True)
-    segments.insert(0, _rows_of([b"\x0a" + _len_prefix(int(size)) for size in sizes], which))
-    sizes = sum(lengths for _, lengths in segments)
-    ends = np.cumsum(sizes)
-    out = np.empty(int(ends[-1]) if n else 0, dtype=np.uint8)
-    offset = ends - sizes  # where each row's next segment goes
-    for data, lengths in segments:
-        sources = np.cumsum(lengths) - lengths
-        out[np.repeat(offset - sources, lengths) + np.arange(len(data))] = data
-        offset = offset + lengths
-    buffer = out.tobytes()
-    return [buffer[a:b] for a, b in zip((ends - sizes).tolist(), ends.tolist(), strict=True)]
 
 
 def read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -219,13 +120,19 @@ class AtomicRecordWriter:
         self.records = 0
         self.bytes = 0
 
-    def write_all(self, records: list[bytes]) -> None:
-        chunk = b"".join([part for r in records
-                          for part in (_frame_head(len(r)), r, struct.pack("<I", _masked_crc(r)))])
+    def write_examples(self, batch: dict[str, np.ndarray]) -> None:
+        """A batch of feature arrays as ``tf.train.Example`` records, one per row (:mod:`.example_encoder`)."""
+        from .example_encoder import encode_framed
+
+        buffer, offsets = encode_framed(batch)
+        self.write_framed(buffer.tobytes(), len(offsets) - 1)
+
+    def write_framed(self, chunk: bytes | np.ndarray, count: int) -> None:
+        """``count`` records already framed (:func:`.example_encoder.encode_framed`)."""
         self._sha.update(chunk)
         self._file.write(chunk)
         self.bytes += len(chunk)
-        self.records += len(records)
+        self.records += count
 
     def close(self) -> str:
         """Flush to disk, rename into place; returns the file's sha256."""
