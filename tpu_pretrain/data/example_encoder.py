@@ -16,56 +16,84 @@ import numpy as np
 _CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
 
 
-def _crc32c_table() -> np.ndarray:
-    table = np.zeros(256, dtype=np.uint32)
+def _crc32c_tables() -> np.ndarray:
+    """Tables for CRC32C eight bytes at a step ("slicing by 8"): row k maps a byte to its CRC k bytes later."""
+    tables = np.zeros((8, 256), dtype=np.int64)
     for byte in range(256):
         crc = byte
         for _ in range(8):
             crc = (crc >> 1) ^ _CRC32C_POLY if crc & 1 else crc >> 1
-        table[byte] = crc
-    return table
+        tables[0, byte] = crc
+    for k in range(1, 8):
+        for byte in range(256):
+            previous = int(tables[k - 1, byte])
+            tables[k, byte] = (previous >> 8) ^ int(tables[0, previous & 0xFF])
+    return tables
 
 
-_TABLE = _crc32c_table()
+_TABLES = _crc32c_tables()
 
 
 @numba.njit(cache=True)
 def _masked_crc32c(buf, start, end):
     """TFRecord's masked CRC32C of ``buf[start:end]``."""
-    crc = np.uint32(0xFFFFFFFF)
-    for i in range(start, end):
-        crc = _TABLE[(crc ^ buf[i]) & 0xFF] ^ (crc >> np.uint32(8))
-    crc = crc ^ np.uint32(0xFFFFFFFF)
-    return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)
+    crc = 0xFFFFFFFF
+    i = start
+    while i + 8 <= end:
+        crc ^= buf[i] | (buf[i + 1] << 8) | (buf[i + 2] << 16) | (np.int64(buf[i + 3]) << 24)
+        crc = (_TABLES[7, crc & 0xFF] ^ _TABLES[6, (crc >> 8) & 0xFF] ^ _TABLES[5, (crc >> 16) & 0xFF]
+               ^ _TABLES[4, crc >> 24] ^ _TABLES[3, buf[i + 4]] ^ _TABLES[2, buf[i + 5]] ^ _TABLES[1, buf[i + 6]]
+               ^ _TABLES[0, buf[i + 7]])
+        i += 8
+    while i < end:
+        crc = _TABLES[0, (crc ^ buf[i]) & 0xFF] ^ (crc >> 8)
+        i += 1
+    crc ^= 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _varint_size(value):
     """Bytes of ``value`` as a protobuf varint (a negative int64 takes ten, as two's complement)."""
     if value < 0:
         return 10
-    size = 1
-    while value >= 0x80:
+    if value < 0x80:
+        return 1
+    if value < 0x4000:
+        return 2
+    size = 3
+    value >>= 21
+    while value > 0:
         value >>= 7
         size += 1
     return size
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _put_varint(buf, pos, value):
-    bits = np.uint64(value)  # two's complement for negatives
-    while bits >= np.uint64(0x80):
-        buf[pos] = np.uint8((bits & np.uint64(0x7F)) | np.uint64(0x80))
-        bits >>= np.uint64(7)
+    if value < 0:  # two's complement, ten bytes
+        bits = np.uint64(value)
+        while bits >= np.uint64(0x80):
+            buf[pos] = np.uint8((bits & np.uint64(0x7F)) | np.uint64(0x80))
+            bits >>= np.uint64(7)
+            pos += 1
+        buf[pos] = np.uint8(bits)
+        return pos + 1
+    if value < 0x80:
+        buf[pos] = value
+        return pos + 1
+    while value >= 0x80:
+        buf[pos] = (value & 0x7F) | 0x80
+        value >>= 7
         pos += 1
-    buf[pos] = np.uint8(bits)
+    buf[pos] = value
     return pos + 1
 
 
 @numba.njit(cache=True)
 def _put_uint32_le(buf, pos, value):
     for k in range(4):
-        buf[pos + k] = np.uint8((value >> np.uint32(8 * k)) & np.uint32(0xFF))
+        buf[pos + k] = (value >> (8 * k)) & 0xFF
     return pos + 4
 
 
@@ -121,7 +149,8 @@ def _encode(ints, floats, is_float, cols, widths, keys, key_starts):
             pos = _put_varint(buf, pos + 1, body)
             buf[pos] = 0x0A  # its key
             pos = _put_varint(buf, pos + 1, key_length)
-            buf[pos:pos + key_length] = keys[key_starts[f]:key_starts[f + 1]]
+            for k in range(key_length):
+                buf[pos + k] = keys[key_starts[f] + k]
             pos += key_length
             buf[pos] = 0x12  # its value, a Feature
             pos = _put_varint(buf, pos + 1, feature)
@@ -129,10 +158,11 @@ def _encode(ints, floats, is_float, cols, widths, keys, key_starts):
             pos = _put_varint(buf, pos + 1, value_list)
             buf[pos] = 0x0A  # packed values
             pos = _put_varint(buf, pos + 1, payload)
-            for c in range(cols[f], cols[f] + widths[f]):
-                if is_float[f]:
+            if is_float[f]:
+                for c in range(cols[f], cols[f] + widths[f]):
                     pos = _put_uint32_le(buf, pos, floats[row, c])
-                else:
+            else:
+                for c in range(cols[f], cols[f] + widths[f]):
                     pos = _put_varint(buf, pos, ints[row, c])
         _put_uint32_le(buf, pos, _masked_crc32c(buf, start, pos))
     return buf, offsets

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .masking_kernels import greedy_selection, layout, words
+from .masking_kernels import greedy_selection, layout, predictions, words
 from .pair_loop import segment_pairs
 
 # A sentence: its token ids and, for whole-word masking, which tokens continue the previous word.
@@ -189,19 +189,10 @@ def mask_batch(instances: Instances, spec: InstanceSpec, rng: np.random.Generato
         instances.ids, instances.cont, instances.a_start, instances.a_len, instances.b_start, instances.b_len,
         spec.max_seq_length, spec.cls_id, spec.sep_id)
     selected = _select_masked(real, cont, spec, rng)
-    n, max_pred = len(instances), spec.max_predictions_per_seq
-    sel_rows, sel_cols = np.nonzero(selected)  # row-major: positions ascending within each row
-    rank = (np.cumsum(selected, axis=1) - 1)[sel_rows, sel_cols]
-    originals = tokens[sel_rows, sel_cols]
+    masked_lm_positions, masked_lm_ids, masked_lm_weights = predictions(selected, tokens, spec.max_predictions_per_seq)
+    rows, slots = np.nonzero(masked_lm_weights)  # row-major: the order of the selected tokens
     input_ids = tokens.copy()
-    input_ids[sel_rows, sel_cols] = _replacements(originals, spec, rng)
-
-    masked_lm_positions = np.zeros((n, max_pred), dtype=np.int32)
-    masked_lm_ids = np.zeros((n, max_pred), dtype=np.int32)
-    masked_lm_weights = np.zeros((n, max_pred), dtype=np.float32)
-    masked_lm_positions[sel_rows, rank] = sel_cols
-    masked_lm_ids[sel_rows, rank] = originals
-    masked_lm_weights[sel_rows, rank] = 1.0
+    input_ids[rows, masked_lm_positions[rows, slots]] = _replacements(masked_lm_ids[rows, slots], spec, rng)
     features = {
         "input_ids": input_ids,
         "input_mask": input_mask,

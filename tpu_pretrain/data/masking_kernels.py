@@ -68,15 +68,26 @@ def words(real, continues, whole_word):
 
 @numba.njit(cache=True)
 def greedy_selection(real, word_of, word_length, n_words, keys, budgets):
-    """Which tokens are masked: each row's words in the order of their ``keys``, each taken while it still fits
-    the row's budget of tokens."""
+    """Which tokens are masked: each row's words in the order of their random ``keys`` (ascending), each taken
+    while it still fits the row's budget of tokens. The walk stops once the budget is full (no word is empty),
+    so a row costs a few passes over its words rather than a sort."""
     n, length = real.shape
     selected = np.zeros((n, length), dtype=np.bool_)
+    chosen = np.zeros(length + 1, dtype=np.bool_)
+    visited = np.zeros(length + 1, dtype=np.bool_)
     for row in range(n):
         count = n_words[row]
-        chosen = np.zeros(max(count, 1), dtype=np.bool_)
+        chosen[:count] = False
+        visited[:count] = False
         taken = 0
-        for word in np.argsort(keys[row, :count]):
+        for _ in range(count):
+            if taken >= budgets[row]:
+                break
+            word, smallest = -1, 2.0
+            for candidate in range(count):
+                if not visited[candidate] and keys[row, candidate] < smallest:
+                    word, smallest = candidate, keys[row, candidate]
+            visited[word] = True
             if taken + word_length[row, word] <= budgets[row]:
                 chosen[word] = True
                 taken += word_length[row, word]
@@ -84,3 +95,22 @@ def greedy_selection(real, word_of, word_length, n_words, keys, budgets):
             if real[row, col] and chosen[word_of[row, col]]:
                 selected[row, col] = True
     return selected
+
+
+@numba.njit(cache=True)
+def predictions(selected, tokens, max_predictions):
+    """The masked positions of each row in ascending order, the tokens there, and 1.0 weights, padded to
+    ``max_predictions`` (the original BERT schema's ``masked_lm_*`` features)."""
+    n, length = selected.shape
+    positions = np.zeros((n, max_predictions), dtype=np.int32)
+    originals = np.zeros((n, max_predictions), dtype=np.int32)
+    weights = np.zeros((n, max_predictions), dtype=np.float32)
+    for row in range(n):
+        k = 0
+        for col in range(length):
+            if selected[row, col]:
+                positions[row, k] = col
+                originals[row, k] = tokens[row, col]
+                weights[row, k] = 1.0
+                k += 1
+    return positions, originals, weights
