@@ -76,7 +76,7 @@ class TokenizerJson:
         self.inv_vocab = TokenList(inv, frozenset(added))
         self.special_ids = {token: self.vocab[token] for token in SPECIAL_TOKENS}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self.special_ids[t] for t in SPECIAL_TOKENS)
-        self.is_continuation = continuation_flags(self.inv_vocab, spec.get("model") or {})
+        self.is_continuation = continuation_flags(self.inv_vocab, spec)
         tokenizer.encode_special_tokens = True  # "[MASK]" in the corpus is text, not the mask token
         self._tokenizer = tokenizer
 
@@ -134,13 +134,46 @@ def read_tokenizer_json(path: Path) -> dict:
     return spec
 
 
-def continuation_flags(tokens: TokenList, model: dict) -> np.ndarray:
-    """Per id: whether the token continues the previous token's word (for whole-word masking)."""
+def _byte_level_text(token: str) -> str | None:
+    """A byte-level token's text; None for part of a character (bytes that are not whole UTF-8)."""
+    try:
+        return bytes(_BYTE_OF_CHAR[ch] for ch in token).decode("utf-8")
+    except (KeyError, UnicodeDecodeError):
+        return None
+
+
+def _gpt2_byte_chars() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte (what byte-level BPE's tokens are spelt in), to its byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = _gpt2_byte_chars()
+
+
+def continuation_flags(tokens: TokenList, spec: dict) -> np.ndarray:
+    """Per id: whether the token continues the previous token's word (for whole-word masking). A byte-level token
+    is judged by its bytes: part of a character always continues, punctuation is its own word."""
+    model = spec.get("model") or {}
     if model.get("type") == "WordPiece":
         prefix = model.get("continuing_subword_prefix") or "##"
         return np.array([t.startswith(prefix) for t in tokens], dtype=bool)
-    flags = np.array([not (t.startswith(WORD_START_MARKERS) or t.startswith("[unused id ") or _punctuation_only(t))
-                      for t in tokens], dtype=bool)
+    byte_level = "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+
+    def continues(token: str) -> bool:
+        if token.startswith(WORD_START_MARKERS) or token.startswith("[unused id "):
+            return False
+        text = _byte_level_text(token) if byte_level else token
+        return text is None or not _punctuation_only(text)
+
+    flags = np.array([continues(t) for t in tokens], dtype=bool)
     flags[list(tokens.added_ids)] = False
     return flags
 
