@@ -86,8 +86,8 @@ class PretrainingDataConfig:
                      "continuing a released checkpoint). modern: packed MLM-only sequences, 30% masking, no "
                      "dropout, AdamW beta2 0.98, warmup-stable-decay. Settings given explicitly win.",
                      choices=("classic", "modern"), steps=(CREATE_DATA, TRAIN))
-    vocab_file: str = _f("", "WordPiece vocab.txt ([PAD] [UNK] [CLS] [SEP] [MASK] required).",
-                         steps=(CREATE_DATA, TRAIN))
+    vocab_file: str = _f("", "WordPiece vocab.txt, or (ModernBERT) a Hugging Face tokenizer.json or a model folder "
+                         "with one; [PAD] [UNK] [CLS] [SEP] [MASK] required.", steps=(CREATE_DATA, TRAIN))
     max_seq_length: int = _f(128, "Tokens per sequence, [CLS] and [SEP]s included.",
                              steps=(CREATE_DATA,), pins=(DATA, RUN))
     max_predictions_per_seq: int = _f(20, "Most masked positions per sequence (0: enough for masked_lm_prob).",

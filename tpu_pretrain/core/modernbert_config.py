@@ -31,6 +31,7 @@ SIZE_ALIASES = {"tiny": "L2-H128", "mini": "L4-H256", "small": "L4-H512", "mediu
                 "base": "L22-H768", "large": "L28-H1024"}
 # Activations the JAX backend builds (transformers' ACT2FN names); "gelu" is the exact (erf) GELU.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+VOCAB_MULTIPLE = 64  # a tokenizer.json's vocab is padded to this many rows, as the released ModernBERTs'
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer types
 
@@ -238,8 +239,8 @@ def training_flops_per_sequence(config: ModernBertConfig, seq: int, pred: int) -
 
 
 def vocab_token_ids(tokens: list[str]) -> dict[str, int]:
-    """The config's token ids from a WordPiece vocab (``[PAD]``, ``[CLS]``, ``[SEP]``, ``[MASK]``; BOS and EOS are
-    ``[CLS]`` and ``[SEP]``, as ModernBERT's own tokenizer has them)."""
+    """The config's token ids from a vocab's tokens, WordPiece or a tokenizer.json's (``[PAD]``, ``[CLS]``, ``[SEP]``,
+    ``[MASK]``; BOS and EOS are ``[CLS]`` and ``[SEP]``, as ModernBERT's own tokenizer has them)."""
     index = {token: i for i, token in enumerate(tokens)}
     cls, sep = index["[CLS]"], index["[SEP]"]
     return {"pad_token_id": index["[PAD]"], "cls_token_id": cls, "sep_token_id": sep, "mask_token_id": index["[MASK]"],
@@ -260,10 +261,13 @@ def checkpoint_modernbert_config(init_checkpoint: str) -> ModernBertConfig | Non
 
 def resolve_modernbert_config(*, model_size: str = "", config_file: str = "", init_checkpoint: str = "",
                               vocab_size: int | None = None, token_ids: dict[str, int] | None = None,
-                              max_position_embeddings: int = 512, dropout: float = -1.0) -> ModernBertConfig:
+                              max_position_embeddings: int = 512, dropout: float = -1.0,
+                              padded_vocab: bool = False) -> ModernBertConfig:
     """Pick a ModernBERT's shape: ``config_file`` (a transformers config.json), else the init checkpoint's, else
     ``model_size``; checked against the data's vocab (its size and, ``token_ids``, its special tokens: ids the
-    config leaves out are taken from the vocab). ``dropout`` >= 0 sets the embedding, attention and MLP dropout."""
+    config leaves out are taken from the vocab). ``dropout`` >= 0 sets the embedding, attention and MLP dropout.
+    ``padded_vocab`` (a tokenizer.json's vocab): the model's vocab may be larger than the tokenizer's, as released
+    ModernBERTs pad theirs to a multiple of 64 (50368 rows for 50285 tokens); a named size is padded so too."""
     source = config_file or (f"init_checkpoint {init_checkpoint}" if init_checkpoint else f"model_size {model_size}")
     ids = dict(token_ids or {})
     if config_file:
@@ -273,15 +277,16 @@ def resolve_modernbert_config(*, model_size: str = "", config_file: str = "", in
     elif model_size:
         if not vocab_size:
             raise UserInputError("model_size needs the vocab size: give vocab_file or a data_dir with a manifest.json.")
-        config = modernbert_config_for_size(model_size, vocab_size, max_position_embeddings, **ids)
+        rows = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE if padded_vocab else vocab_size
+        config = modernbert_config_for_size(model_size, rows, max_position_embeddings, **ids)
     else:
         raise UserInputError("Say which ModernBERT to build: --model_size (base, large, L4-H256...), "
                              "--bert_config_file (a transformers config.json) or --init_checkpoint (a transformers "
                              "ModernBERT folder).")
-    if vocab_size and config.vocab_size != vocab_size:
+    if vocab_size and (config.vocab_size < vocab_size or (config.vocab_size != vocab_size and not padded_vocab)):
         raise UserInputError(f"The ModernBERT's vocab_size is {config.vocab_size} ({source}) but the data's vocab has "
-                             f"{vocab_size} tokens: make the data with that model's vocab, or give a config whose "
-                             "vocab_size is the data's.")
+                             f"{vocab_size} tokens{' (the model may have more, not fewer)' if padded_vocab else ''}: "
+                             "make the data with that model's vocab, or give a config whose vocab_size is the data's.")
     for name, wanted in ids.items():
         if getattr(config, name) is not None and getattr(config, name) != wanted:
             raise UserInputError(f"{source}: {name} is {getattr(config, name)} but the data's vocab has that token at "

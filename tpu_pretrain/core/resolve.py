@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
 from ..data.data_folder import DataInfo, check_token_ids, read_data_info
+from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
 from .bert_config import BertConfig, resolve_bert_config, training_flops_per_sequence
@@ -167,15 +168,15 @@ def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
     m, vocab_file = config.model, run_vocab_file(config, data)
     if not vocab_file:
         raise UserInputError("model_family=modernbert needs the vocab (its special tokens' ids): set vocab_file.")
-    tokens = load_vocab(vocab_file)
+    tokens, padded = load_vocab(vocab_file), is_tokenizer_json(vocab_file)
     ids = vocab_token_ids(tokens)
-    if ids["pad_token_id"] != 0:
+    if ids["pad_token_id"] != 0 and not padded:  # a tokenizer.json's data: padding is the rows' zero tail
         raise UserInputError(f"{vocab_file} has [PAD] at id {ids['pad_token_id']}, but the data pads with id 0: "
                              "ModernBERT reads padding from the token ids, so [PAD] must be the vocab's first token.")
     model_config = resolve_modernbert_config(
         model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
         vocab_size=len(tokens), token_ids=ids, max_position_embeddings=m.max_position_embeddings,
-        dropout=m.hidden_dropout_prob)
+        dropout=m.hidden_dropout_prob, padded_vocab=padded)
     check_token_ids(data, model_config.vocab_size)
     return model_config
 
@@ -187,6 +188,9 @@ def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
         if is_modernbert_folder(config.get(setting)):
             raise UserInputError(f"{setting} {config.get(setting)} describes a ModernBERT (model_type modernbert): "
                                  "train it with --model_family modernbert.")
+    if vocab_file and is_tokenizer_json(vocab_file):
+        raise UserInputError(f"vocab_file {vocab_file} is a tokenizer.json, which only --model_family modernbert "
+                             "trains with; BERT takes a WordPiece vocab.txt (make one with `tpu-pretrain vocab`).")
     vocab_size = len(load_vocab(vocab_file)) if vocab_file else data.vocab_size
     bert_config = resolve_bert_config(model_size=m.model_size, bert_config_file=m.bert_config_file,
                                       init_checkpoint=m.init_checkpoint, vocab_size=vocab_size,

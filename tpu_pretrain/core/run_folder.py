@@ -7,7 +7,7 @@ A run folder (train's ``output_dir``) holds:
 - ``run.json``: the run's identity (model, data, the settings that pin it), recorded at the first start
   and compared at every later one;
 - ``bert_config.json`` (``model_family`` bert) or ``modernbert_config.json`` (modernbert: transformers' config.json
-  of ``ModernBertForMaskedLM``): the model's shape; ``vocab.txt``: the vocab it was trained with;
+  of ``ModernBertForMaskedLM``): the model's shape; ``vocab.txt`` (or ``tokenizer.json``): its vocab;
 - ``checkpoints/``: the checkpoints; ``logs/``: TensorBoard scalars and ``example_ids.jsonl``;
 - ``train_summary.json``, ``evaluation.json``, ``probe.json``, ``plots/``, ``export/hf`` and ``export/tf``;
 - ``mirror.json``: where the durable copy stands, as the training process last saw it (for ``status``).
@@ -28,7 +28,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import RUN, Config, all_fields, pinned_settings
-from ..data.vocab import load_vocab
+from ..data.data_folder import data_vocab_file
+from ..data.tokenizer_json import is_tokenizer_json
+from ..data.vocab import load_vocab, vocab_copy_name, vocab_source
 from ..errors import UserInputError
 from ..storage.local import atomic_open, write_text_atomic
 from .bert_config import BertConfig
@@ -40,6 +42,7 @@ IDENTITY = "run.json"
 BERT_CONFIG = "bert_config.json"
 MODERNBERT_CONFIG = "modernbert_config.json"
 VOCAB = "vocab.txt"
+TOKENIZER = "tokenizer.json"  # the vocab of a run whose data was made with a Hugging Face tokenizer.json
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 EXAMPLE_IDS = "example_ids.jsonl"
@@ -50,7 +53,7 @@ MIRROR_STATE = "mirror.json"
 PLOTS = "plots"
 EXPORT = "export"
 # What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
-MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, MODERNBERT_CONFIG, VOCAB, LOGS, SUMMARY, EVALUATION)
+MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, MODERNBERT_CONFIG, VOCAB, TOKENIZER, LOGS, SUMMARY, EVALUATION)
 # Model fields a run may change between sessions (dropout does not change the weights' shapes).
 UNPINNED_MODEL_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout",
                          "attention_dropout", "mlp_dropout")
@@ -92,7 +95,9 @@ class RunFolder:
 
     @property
     def vocab_file(self) -> Path:
-        return self.path / VOCAB
+        """The run's copy of its vocab: ``vocab.txt``, or ``tokenizer.json`` where that is what it has."""
+        tokenizer = self.path / TOKENIZER
+        return tokenizer if tokenizer.is_file() and not (self.path / VOCAB).is_file() else self.path / VOCAB
 
     @property
     def checkpoints(self) -> Path:
@@ -187,8 +192,9 @@ class RunFolder:
         config.save(self.config_file)
         is_modern = isinstance(model_config, ModernBertConfig)
         model_config.to_json_file(self.modernbert_config_file if is_modern else self.bert_config_file)
-        if vocab_file and Path(vocab_file).resolve() != self.vocab_file.resolve():
-            with open(vocab_file, "rb") as src, atomic_open(self.vocab_file) as dst:
+        copy = self.path / vocab_copy_name(vocab_file) if vocab_file else None
+        if vocab_file and vocab_source(vocab_file).resolve() != copy.resolve():
+            with open(vocab_source(vocab_file), "rb") as src, atomic_open(copy) as dst:
                 shutil.copyfileobj(src, dst)
 
     def write_summary(self, summary: dict) -> None:
@@ -241,7 +247,7 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
             differences.append(f"model {key}: {previous['model'].get(key)!r} in the run, {value!r} now")
     old_data, new_data = previous["data"], identity["data"]
     if old_data.get("vocab_sha256") != new_data.get("vocab_sha256"):
-        differences.append("vocab: the data was made with a different vocab.txt")
+        differences.append("vocab: the data was made with a different vocab")
     if (old_data.get("train_sha256") != new_data.get("train_sha256")
             or old_data.get("train_instances") != new_data.get("train_instances")):
         differences.append("data_dir: different training shards")
@@ -253,21 +259,22 @@ def trained_vocab_file(run: RunFolder, config: Config) -> str:
     against the model's vocab_size, so that an export never pairs the model with another vocab."""
     candidates = [run.vocab_file]
     if config.data.vocab_file:
-        candidates.append(Path(config.data.vocab_file))
+        candidates.append(vocab_source(config.data.vocab_file))
     if config.storage.data_dir:
-        candidates.append(Path(config.storage.data_dir) / "vocab.txt")
+        candidates.append(Path(data_vocab_file(config.storage.data_dir) or Path(config.storage.data_dir) / VOCAB))
     for path in candidates:
         if path.is_file():
             _check_vocab_fits_model(run, path)
             return str(path)
-    raise UserInputError(f"No vocab.txt for run {run.path}: looked at {', '.join(map(str, candidates))}.")
+    raise UserInputError(f"No vocab.txt or tokenizer.json for run {run.path}: looked at "
+                         f"{', '.join(map(str, candidates))}.")
 
 
 def _check_vocab_fits_model(run: RunFolder, vocab_file: Path) -> None:
     if not run.model_config_file.is_file():
         return
     tokens, model = len(load_vocab(vocab_file)), run.read_bert_config().vocab_size
-    if tokens != model:
+    if tokens > model or (tokens != model and not is_tokenizer_json(vocab_file)):  # a tokenizer's model may pad
         raise UserInputError(
             f"{vocab_file} has {tokens} tokens but the model of run {run.path} has vocab_size {model}: it is not the "
             "vocab the model was trained with, and the pair would give wrong words. Put that vocab back (the data "

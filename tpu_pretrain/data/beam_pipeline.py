@@ -29,6 +29,7 @@ from .corpus import CorpusReader
 from .create import DataPlan, Dealer, check_existing, check_required, finish, plan_data
 from .data_folder import IDENTITY, WORK_DIR, Manifest, ShardStats, shard_name, shard_stats_name
 from .shard import ShardTask, work_text, write_json, write_shard
+from .vocab import vocab_copy_name, vocab_source
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +109,16 @@ class WriteShard:
 
     def __init__(self, plan: DataPlan):
         self.out, self.settings = plan.out, plan.settings
-        self.vocab_text = Path(plan.config.data.vocab_file).read_text(encoding="utf-8")  # workers lack the file
+        vocab = plan.config.data.vocab_file
+        self.vocab_text = vocab_source(vocab).read_text(encoding="utf-8")  # workers lack the file
+        self.vocab_name = vocab_copy_name(vocab)
 
     def __call__(self, element) -> dict:
         (split, index), grouped = element
         count = grouped["count"][0]
         text = "".join(work for _, work in sorted(grouped["documents"]))
         with tempfile.TemporaryDirectory() as scratch:
-            vocab = Path(scratch) / "vocab.txt"
+            vocab = Path(scratch) / self.vocab_name
             vocab.write_text(self.vocab_text, encoding="utf-8")
             local = not is_gcs_url(self.out)
             task = ShardTask(split, index, count, self.out if local else scratch, "", str(vocab), self.settings)

@@ -45,7 +45,8 @@ from .corpus import CorpusReader
 from .corpus_tables import TableFile, table_input
 from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats, sha256_file
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
-from .vocab import load_vocab, vocab_sha256
+from .tokenizer_json import is_tokenizer_json
+from .vocab import load_vocab, vocab_copy_name, vocab_sha256, vocab_source
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ def plan_data(config: Config) -> DataPlan:
     check_required(config)
     d, c = config.data, config.corpus
     vocab = load_vocab(d.vocab_file)
+    if is_tokenizer_json(d.vocab_file) and d.do_lower_case:
+        log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
+        d.do_lower_case = False
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
     inputs = [table_input(s) if isinstance(s, TableFile) else
@@ -137,22 +141,23 @@ def shard_tasks(plan: DataPlan, partition: dict, out: str, work: str) -> list[Sh
 
 
 def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: float) -> Manifest:
-    """Write the manifest (and the data folder's own vocab.txt) once every shard is written."""
+    """Write the manifest (and the data folder's own vocab.txt or tokenizer.json) once every shard is written."""
     rows = partition.get("rows_read") or [None] * len(plan.inputs)
     inputs = [i if n is None else i | {"rows": n} for i, n in zip(plan.inputs, rows, strict=True)]  # rows used
     manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
                         inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds)
     text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
+    vocab, name = vocab_source(plan.config.data.vocab_file), vocab_copy_name(plan.config.data.vocab_file)
     if is_gcs_url(plan.out):
         from .. import storage
 
         storage.write_text(storage.join(plan.out, MANIFEST), text)
-        storage.copy(plan.config.data.vocab_file, storage.join(plan.out, VOCAB))
+        storage.copy(str(vocab), storage.join(plan.out, name))
         return manifest
     out = Path(plan.out)
     write_text_atomic(out / MANIFEST, text)
-    if Path(plan.config.data.vocab_file).resolve() != (out / VOCAB).resolve():
-        shutil.copyfile(plan.config.data.vocab_file, out / VOCAB)  # the data folder names its own vocab
+    if vocab.resolve() != (out / name).resolve():
+        shutil.copyfile(vocab, out / name)  # the data folder names its own vocab
     return manifest
 
 
@@ -219,9 +224,9 @@ def check_existing(out: Path, identity: dict, vocab_file: str = "") -> None:
             f"Output folder '{out}' holds shards made with other settings ({'; '.join(differences)}). "
             "Use a new --output_dir, or delete that folder to rebuild it; nothing there was changed."
         )
-    there = out / VOCAB
-    if vocab_file and there.is_file() and there.resolve() != Path(vocab_file).resolve() \
-            and there.read_bytes() != Path(vocab_file).read_bytes():
+    there = out / vocab_copy_name(vocab_file) if vocab_file else out / VOCAB
+    if vocab_file and there.is_file() and there.resolve() != vocab_source(vocab_file).resolve() \
+            and there.read_bytes() != vocab_source(vocab_file).read_bytes():
         raise UserInputError(
             f"{there} exists and is not the --vocab_file {vocab_file}: the data folder keeps the vocab its data is "
             f"made with, so it would be replaced. Make the data with it (--vocab_file {there}), or use another "

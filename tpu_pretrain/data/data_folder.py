@@ -1,10 +1,10 @@
 """The contract of a data folder: what ``create-data`` writes and every reader relies on.
 
 A data folder holds shards named ``train-00000-of-00004.tfrecord`` (and ``eval-...``) in the original
-BERT schema, the ``vocab.txt`` the data was made with, and ``manifest.json``: the settings, the vocab's
-hash, and per shard its documents, tokens, instances, masked tokens, bytes and sha256. This module is
-the one place that names those files, describes the features and parses the manifest; training,
-evaluation and the notebooks ask it rather than reading the files themselves.
+BERT schema, the ``vocab.txt`` (or ``tokenizer.json``) the data was made with, and ``manifest.json``: the
+settings, the vocab's hash, and per shard its documents, tokens, instances, masked tokens, bytes and sha256.
+This module is the one place that names those files, describes the features and parses the manifest;
+training, evaluation and the notebooks ask it rather than reading the files themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .tfrecord import decode_example, read_records
 
 MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
+TOKENIZER = "tokenizer.json"  # the data's vocab when it was made with a Hugging Face tokenizer.json
 IDENTITY = ".identity.json"  # the settings a folder's shards are being made with (before the manifest exists)
 WORK_DIR = ".work"
 FORMAT = "tpu_pretrain.pretraining_data/1"
@@ -195,9 +196,16 @@ class DataInfo:
 
     @property
     def vocab_file(self) -> str | None:
-        """The data's own vocab.txt (create-data puts a copy there), if present."""
-        path = os.path.join(self.data_dir, VOCAB)
-        return path if os.path.isfile(path) else None
+        """The data's own vocab.txt or tokenizer.json (create-data puts a copy there), if present."""
+        return data_vocab_file(self.data_dir)
+
+
+def data_vocab_file(data_dir: str | os.PathLike) -> str | None:
+    """The vocab a data folder keeps, ``vocab.txt`` or (data made with a tokenizer.json) ``tokenizer.json``."""
+    for name in (VOCAB, TOKENIZER):
+        if os.path.isfile(os.path.join(data_dir, name)):
+            return os.path.join(data_dir, name)
+    return None
 
 
 def read_data_info(data_dir: str, splits: tuple[str, ...] = (TRAIN, EVAL)) -> DataInfo:
@@ -236,11 +244,11 @@ def _info_from_manifest(data_dir: str, manifest: Manifest, splits: tuple[str, ..
     if resized:
         raise UserInputError(f"Shards in {data_dir} are truncated or were replaced: {'; '.join(resized[:3])}. Copy "
                              "the data folder again, or run create-data again (it rewrites what does not match).")
-    vocab = os.path.join(data_dir, VOCAB)
-    if manifest.vocab_sha256 and os.path.isfile(vocab) and sha256_file(vocab) != manifest.vocab_sha256:
+    vocab = data_vocab_file(data_dir)
+    if manifest.vocab_sha256 and vocab and sha256_file(vocab) != manifest.vocab_sha256:
         raise UserInputError(
             f"{vocab} is not the vocab the data in {data_dir} was made with (its sha256 differs from the one "
-            f"{MANIFEST} records): its token ids would mean other words. Put back the vocab.txt given to create-data "
+            f"{MANIFEST} records): its token ids would mean other words. Put back the vocab given to create-data "
             "(--vocab_file), or run create-data again with this one.")
     settings = manifest.settings
     return DataInfo(data_dir, train, evals, int(settings.get("max_seq_length") or 0),

@@ -167,9 +167,7 @@ class ShardWriter:
         if self.settings["chinese_whole_word"]:
             encoded = chinese_word_continuations(self.tokenizer, sentences)
         else:
-            ids = self.tokenizer.encode_batch(sentences)
-            is_cont = self.tokenizer.is_continuation
-            encoded = [(a, is_cont[a]) for a in ids]
+            encoded = [(a, self.tokenizer.word_continuations(a)) for a in self.tokenizer.encode_batch(sentences)]
         docs, k = [], 0
         for doc in block:
             sents = [s for s in encoded[k:k + len(doc)] if len(s[0])]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .tokenizer_json import TokenizerJson, is_tokenizer_json
 from .vocab import SPECIAL_TOKENS, load_vocab
 
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -68,7 +69,18 @@ class BertTokenizer:
     def decode(self, ids) -> str:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def word_continuations(self, ids: np.ndarray) -> np.ndarray:
+        """Per token of a sentence: whether it continues the previous token's word (whole-word masking)."""
+        return self.is_continuation[ids]
 
-def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> BertTokenizer:
-    """The project's tokenizer for ``vocab_file``; ``tokenize``/``encode`` match Google's FullTokenizer."""
+    def join_pieces(self, tokens: list[str]) -> str:
+        """One word from its WordPieces, as text (fill-mask's candidates)."""
+        return "".join(t[2:] if t.startswith("##") else t for t in tokens)
+
+
+def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> BertTokenizer | TokenizerJson:
+    """The project's tokenizer for ``vocab_file``: a vocab.txt's ``tokenize``/``encode`` match Google's
+    FullTokenizer; a tokenizer.json (or a model folder holding one) is that file's own tokenizer."""
+    if is_tokenizer_json(vocab_file):
+        return TokenizerJson(vocab_file)
     return BertTokenizer(vocab_file, do_lower_case=do_lower_case)

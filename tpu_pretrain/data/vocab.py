@@ -19,14 +19,19 @@ from pathlib import Path
 
 from ..errors import UserInputError
 from ..storage.local import write_text_atomic
+from .tokenizer_json import SPECIAL_TOKENS, TOKENIZER_JSON, is_tokenizer_json, tokenizer_json_file
 
 log = logging.getLogger(__name__)
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
-    """Tokens of a vocab.txt in id order, checked for the special tokens BERT pretraining needs."""
+    """Tokens of a vocab.txt (or a tokenizer.json, :mod:`.tokenizer_json`) in id order, checked for the special
+    tokens BERT pretraining needs."""
+    if is_tokenizer_json(vocab_file):
+        from .tokenizer_json import tokenizer_tokens
+
+        return tokenizer_tokens(vocab_file)
     path = Path(vocab_file)
     if not path.is_file():
         raise UserInputError(f"Vocab file '{path}' does not exist (check --vocab_file).")
@@ -64,14 +69,25 @@ def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
 def replacement_ids(tokens: list[str]) -> list[int]:
     """Ids masking may draw a "random token" from: never a special token or an [unusedN] placeholder.
 
-    Static masking (create-data) and dynamic masking (training) both draw from this list.
+    Static masking (create-data) and dynamic masking (training) both draw from this list; a tokenizer.json's
+    added tokens (its :class:`.tokenizer_json.TokenList` knows them) are never drawn either.
     """
-    special = set(SPECIAL_TOKENS)
-    return [i for i, t in enumerate(tokens) if t not in special and not t.startswith("[unused")]
+    special, added = set(SPECIAL_TOKENS), getattr(tokens, "added_ids", frozenset())
+    return [i for i, t in enumerate(tokens) if t not in special and not t.startswith("[unused") and i not in added]
 
 
 def vocab_sha256(vocab_file: str | os.PathLike) -> str:
-    return hashlib.sha256(Path(vocab_file).read_bytes()).hexdigest()
+    return hashlib.sha256(vocab_source(vocab_file).read_bytes()).hexdigest()
+
+
+def vocab_source(vocab_file: str | os.PathLike) -> Path:
+    """The file a vocab_file setting names: itself, or a model folder's tokenizer.json."""
+    return tokenizer_json_file(vocab_file) if is_tokenizer_json(vocab_file) else Path(vocab_file)
+
+
+def vocab_copy_name(vocab_file: str | os.PathLike) -> str:
+    """The name a data or run folder keeps its copy of the vocab under: ``vocab.txt`` or ``tokenizer.json``."""
+    return TOKENIZER_JSON if is_tokenizer_json(vocab_file) else "vocab.txt"
 
 
 @dataclass

@@ -90,10 +90,6 @@ def _slot_candidates(probs: np.ndarray, slot: _Slot, allowed: np.ndarray, contin
     return beams
 
 
-def _word(tokens: list[str]) -> str:
-    return "".join(t[2:] if t.startswith("##") else t for t in tokens)
-
-
 def fill_mask(trained: TrainedModel, sentences, top_k: int = 5) -> list[dict]:
     """Predict every [MASK] slot of each sentence: top-k whole words with probabilities and the filled text.
 
@@ -102,8 +98,9 @@ def fill_mask(trained: TrainedModel, sentences, top_k: int = 5) -> list[dict]:
     """
     tokenizer = load_tokenizer(trained.vocab_file, trained.do_lower_case)
     inv_vocab = tokenizer.inv_vocab
-    allowed = np.array([not (t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]") or t.startswith("[unused"))
-                        for t in inv_vocab])
+    added = getattr(inv_vocab, "added_ids", frozenset())  # a tokenizer.json's added tokens
+    allowed = np.array([not (t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]") or t.startswith("[unused") or i in added)
+                        for i, t in enumerate(inv_vocab)])
     continuation = tokenizer.is_continuation
     cjk = np.array([len(t) == 1 and _is_cjk(t) for t in inv_vocab])
     seq, pred = trained.max_seq_length, trained.max_predictions_per_seq
@@ -130,7 +127,7 @@ def fill_mask(trained: TrainedModel, sentences, top_k: int = 5) -> list[dict]:
             candidates = []
             for piece_ids, score in _slot_candidates(slot_probs, slot, allowed, continuation, cjk, top_k):
                 pieces = tokenizer.convert_ids_to_tokens(piece_ids)
-                word = _word(pieces)
+                word = tokenizer.join_pieces(pieces)
                 candidates.append({"word": word, "pieces": pieces, "probability": score,
                                    "text": text[:slot.start] + word + text[slot.end:]})
             item["masks"].append({"positions": slot.positions, "candidates": candidates})

@@ -1,6 +1,6 @@
 """What every export writes the same way: the destination checked (only a new or empty folder, or an earlier
 export's, is ever replaced), the folder written beside it and swapped in, and the tokenizer files of a WordPiece
-vocab that ``transformers.AutoTokenizer`` loads (BERT's and a ModernBERT run's alike)."""
+vocab (BERT's and a ModernBERT run's alike) or a run's tokenizer.json that ``transformers.AutoTokenizer`` loads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..data.tokenization import load_tokenizer
+from ..data.vocab import vocab_source
 from ..errors import UserInputError
 from ..storage.local import new_temp_folder
 
@@ -36,6 +37,29 @@ def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, mo
               "clean_up_tokenization_spaces": False, **SPECIALS}
     if model_input_names:
         config["model_input_names"] = model_input_names
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
+
+
+def write_tokenizer_json_files(folder: Path, tokenizer_file: str, model_max_length: int) -> None:
+    """A run's tokenizer.json as it is (a released ModernBERT's, say), with a ``tokenizer_config.json`` as
+    transformers' ModernBERT folders have it (``PreTrainedTokenizerFast``, BERT's special tokens by name): the
+    file's own post-processor adds [CLS] and [SEP]; one is added where the file has none."""
+    from tokenizers import Tokenizer, processors
+
+    source = vocab_source(tokenizer_file)
+    spec = json.loads(source.read_text(encoding="utf-8"))
+    if spec.get("post_processor"):
+        shutil.copyfile(source, folder / "tokenizer.json")
+    else:
+        backend = Tokenizer.from_file(str(source))
+        ids = backend.get_vocab(with_added_tokens=True)
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+        backend.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+              "clean_up_tokenization_spaces": True, "model_input_names": ["input_ids", "attention_mask"], **SPECIALS}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
 

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..core.modernbert_config import ModernBertConfig
 from ..core.weight_names import read_modernbert_folder, read_weight_files, write_safetensors
+from ..data.tokenizer_json import is_tokenizer_json
 from ..errors import UserInputError
-from .folder import write_export_folder, write_tokenizer_files
+from .folder import write_export_folder, write_tokenizer_files, write_tokenizer_json_files
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"
@@ -49,7 +50,8 @@ def write_modernbert_folder(model_or_weights, config: ModernBertConfig, folder: 
     """``config.json`` (:meth:`ModernBertConfig.to_hf_dict`) + ``model.safetensors`` (float32) + copies of
     ``tokenizer_files`` (``tokenizer.json``, ``tokenizer_config.json``... under their own names) in ``folder``;
     or, given a WordPiece ``vocab_file`` (a run's), the BERT-style tokenizer files of that vocab, which
-    ``AutoTokenizer`` loads with the config's special token ids (and no token types: ModernBERT has none).
+    ``AutoTokenizer`` loads with the config's special token ids (and no token types: ModernBERT has none); given a
+    tokenizer.json, that file with its ``tokenizer_config.json`` (:func:`.folder.write_tokenizer_json_files`).
 
     ``model_or_weights``: a built :class:`..jax_backend.modernbert.PretrainingModernBert` or a dict of arrays by
     transformers' names and layout. Written into a temporary sibling and swapped in; only a new or empty folder
@@ -66,7 +68,9 @@ def write_modernbert_folder(model_or_weights, config: ModernBertConfig, folder: 
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
         for path in sources:
             shutil.copyfile(path, tmp / path.name)
-        if vocab_file:
+        if vocab_file and is_tokenizer_json(vocab_file):
+            write_tokenizer_json_files(tmp, vocab_file, config.max_position_embeddings)
+        elif vocab_file:
             write_tokenizer_files(tmp, vocab_file, do_lower_case, config.max_position_embeddings,
                                   model_input_names=["input_ids", "attention_mask"])
 

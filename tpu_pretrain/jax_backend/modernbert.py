@@ -6,7 +6,8 @@ GeGLU MLP (``Wi`` to twice the intermediate width, ``act(first half) * second ha
 MLM head (dense, activation, norm) and the decoder, tied to the token embeddings unless the config unties them.
 Every ``global_attn_every_n_layers``-th layer from layer 0 attends globally with RoPE base ``global_rope_theta``; the
 others attend to keys at most ``local_attention // 2`` positions away on either side (transformers' rule: ``|q - k|
-<= local_attention // 2``) with base ``local_rope_theta``. Padding is read from ``input_ids == pad_token_id``.
+<= local_attention // 2``) with base ``local_rope_theta``. Padding is read from ``input_ids == pad_token_id``, and,
+where [PAD] is not id 0 (a tokenizer.json's vocab), from the zero ids after a row's last other id, as the data pads.
 
 Attention goes through ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers by
 :func:`..model.fused_attention` (cuDNN's fused kernel where it applies, XLA's otherwise), local layers by XLA's
@@ -77,6 +78,14 @@ def apply_rotary(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos[None, :, None, :] + rotated * sin[None, :, None, :]).astype(dtype)
+
+
+def before_zero_tail(input_ids):
+    """``[batch, length]`` (bool): positions up to a row's last nonzero id. The shards (and fill-mask, probe) pad
+    rows with id 0 whatever the vocab's [PAD]; with [PAD] elsewhere, id 0 inside a row is a real token."""
+    positions = jnp.arange(input_ids.shape[1])
+    last = jnp.max(jnp.where(input_ids != 0, positions[None, :], -1), axis=1)
+    return positions[None, :] <= last[:, None]
 
 
 def attention_mask(attend, window: int | None):
@@ -185,6 +194,8 @@ class PretrainingModernBert(keras.Model):
         config, length = self.config, input_ids.shape[1]
         x = self.embedding_dropout(self.embedding_norm(self.token_embedding(input_ids)), training=training)
         attend = input_ids != config.pad_token_id
+        if config.pad_token_id != 0:
+            attend = attend & before_zero_tail(input_ids)
         tables = {theta: rotary_tables(length, config.head_size, theta)
                   for theta in (config.global_rope_theta, config.local_rope_theta)}
         for block in self.blocks:

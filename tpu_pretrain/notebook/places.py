@@ -118,13 +118,14 @@ def local_data(path: str) -> str:
 def local_eval_data(path: str) -> str:
     """A local folder with what evaluation reads of the data at ``path`` (its manifest, vocab and eval shards):
     itself, or those files copied from a bucket or Drive, not the training shards."""
-    from ..data.data_folder import EVAL, MANIFEST, VOCAB, Manifest
+    from ..data.data_folder import EVAL, MANIFEST, TOKENIZER, VOCAB, Manifest
 
     if not is_remote(path):
         return path
     local = work_dir() / "eval_data" / hashlib.sha256(path.encode()).hexdigest()[:12]
     manifest = Manifest.from_json(json.loads(storage.read_text(storage.join(path, MANIFEST))))
-    names = [MANIFEST, VOCAB, *manifest.files(EVAL)]
+    vocab = VOCAB if storage.exists(storage.join(path, VOCAB)) else TOKENIZER  # the data's vocab.txt or tokenizer.json
+    names = [MANIFEST, vocab, *manifest.files(EVAL)]
     print(f"Copying the eval shards of {path} to this runtime's disk ({len(names) - 2} shard(s); not the training "
           "shards):")
     for name in names:

@@ -61,13 +61,13 @@ class Instances:
 
 def show_instances(data_dir: str | os.PathLike, count: int = 3, split: str = "train") -> Instances:
     """A few pretraining instances decoded to tokens, masked positions marked with the tokens they hide."""
-    from ..data.data_folder import VOCAB, load_manifest
+    from ..data.data_folder import data_vocab_file, load_manifest
     from ..data.tfrecord import decode_example, read_records
     from ..data.tokenization import load_tokenizer
 
     data_dir = Path(data_dir)
     manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(str(data_dir / VOCAB), do_lower_case=manifest.settings["do_lower_case"])
+    tokenizer = load_tokenizer(str(data_vocab_file(data_dir)), do_lower_case=manifest.settings["do_lower_case"])
     rows = []
     for record in read_records(data_dir / manifest.files(split)[0]):
         example = decode_example(record)

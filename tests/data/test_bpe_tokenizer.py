@@ -1,0 +1,131 @@
+"""create-data with a Hugging Face ``tokenizer.json`` (byte-level BPE, laid out as ModernBERT's) as vocab_file: the
+shards' ids decode back to the corpus, masking never picks or draws a special or added token, whole-word masking
+keeps a word's BPE pieces together, and a file without the special tokens or without valid JSON is refused by name."""
+
+import json
+import shutil
+import unicodedata
+
+import numpy as np
+import pytest
+from bpe_tokenizer import train_bpe_tokenizer
+from corpora import WIKITEXT, needs_corpora
+
+from tpu_pretrain.config import Config
+from tpu_pretrain.data.create import create_pretraining_data
+from tpu_pretrain.data.data_folder import read_data_info, sha256_file
+from tpu_pretrain.data.tfrecord import decode_example, read_records
+from tpu_pretrain.data.tokenization import load_tokenizer
+from tpu_pretrain.data.vocab import load_vocab, replacement_ids
+from tpu_pretrain.errors import UserInputError
+
+pytestmark = needs_corpora
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A model folder holding a BPE tokenizer.json, and whole-word-masked MLM-only data made with that folder."""
+    root = tmp_path_factory.mktemp("bpe")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(WIKITEXT.read_text(encoding="utf-8").splitlines()[:1500]), encoding="utf-8")
+    train_bpe_tokenizer(root / "model" / "tokenizer.json", WIKITEXT)
+    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=str(root / "model"), recipe="modern",
+                                        do_whole_word_mask=True, output_dir=str(root / "data"), max_seq_length=SEQ,
+                                        dupe_factor=1, num_shards=1, eval_fraction=0.05, workers=1))
+    return root
+
+
+def records(data_dir):
+    return [decode_example(r) for r in read_records(data_dir / "train-00000-of-00001.tfrecord")]
+
+
+def test_the_tokenizer_is_the_files_own_with_its_special_ids(made):
+    tokenizer = load_tokenizer(str(made / "model" / "tokenizer.json"))
+    assert (tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id) == tuple(
+        range(2000, 2005))  # at the end, as ModernBERT's 50280-50284
+    assert tokenizer.vocab_size == 2005 and tokenizer.inv_vocab[0] == "|||IP_ADDRESS|||"
+    text = "The unbelievable fox, [MASK] jumped."
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text and tokenizer.mask_id not in ids  # a typed [MASK] is text in the corpus
+    flags = dict(zip(tokenizer.tokenize(text), tokenizer.word_continuations(np.asarray(ids)), strict=True))
+    assert not flags["T"] and flags["he"]  # the first piece starts a word though it has no Ġ
+    assert not flags["Ġun"] and flags["able"] and not flags[","]
+    drawn = set(replacement_ids(tokenizer.inv_vocab))
+    assert not drawn & {0, 1, *range(2000, 2005)} and len(drawn) == 2005 - 7  # added and special tokens never
+
+
+def test_data_folder_keeps_the_tokenizer_and_its_checksum(made):
+    info = read_data_info(str(made / "data"))
+    assert info.vocab_file == str(made / "data" / "tokenizer.json") and not (made / "data" / "vocab.txt").exists()
+    assert info.vocab_sha256 == sha256_file(made / "model" / "tokenizer.json") and info.vocab_size == 2005
+    assert info.settings["do_lower_case"] is False  # casing is the tokenizer's normaliser's
+    assert load_vocab(info.vocab_file) == load_vocab(made / "model")
+
+
+def test_shards_decode_to_the_corpus_and_mask_whole_words_never_special_tokens(made):
+    tokenizer = load_tokenizer(str(made / "data" / "tokenizer.json"))
+    corpus = "".join(unicodedata.normalize("NFKC", (made / "corpus.txt").read_text(encoding="utf-8")).split())
+    specials, added = set(tokenizer.special_ids.values()), tokenizer.inv_vocab.added_ids
+    masked = violations = grouped = 0
+    for example in records(made / "data"):
+        ids, weights = example["input_ids"].copy(), example["masked_lm_weights"]
+        positions = example["masked_lm_positions"][weights > 0]
+        originals = example["masked_lm_ids"][weights > 0]
+        shown = ids[positions]
+        assert not set(originals) & (specials | added)  # never masks [CLS]/[SEP] or another special token
+        replaced = shown[(shown != tokenizer.mask_id) & (shown != originals)]
+        assert not set(replaced) & (specials | added)  # nor draws one as the "random token"
+        ids[positions] = originals
+        real = ids[:int(example["input_mask"].sum())]
+        assert real[0] == tokenizer.cls_id and real[-1] == tokenizer.sep_id
+        for piece in np.split(real, np.flatnonzero(real == tokenizer.sep_id) + 1):
+            text = tokenizer.decode(piece[(piece != tokenizer.cls_id) & (piece != tokenizer.sep_id)])
+            assert "".join(text.split()) in corpus, text
+        is_masked = np.zeros(len(ids), bool)
+        is_masked[positions] = True
+        for p in positions:
+            nxt = ids[p + 1] if p + 1 < len(real) else tokenizer.sep_id
+            word_goes_on = tokenizer.is_continuation[nxt]
+            punctuation = not any(ch.isalnum() for ch in tokenizer.inv_vocab[ids[p]])
+            if word_goes_on and not punctuation:
+                violations += not is_masked[p + 1]
+                grouped += bool(is_masked[p + 1])
+        masked += len(positions)
+    print(f"{masked} masked tokens; {grouped} followed by a masked piece of their word, {violations} not")
+    assert grouped > masked // 20 and violations <= masked // 100  # the exceptions: a sentence's first piece
+
+
+@pytest.mark.parametrize("damage", ["missing [MASK]", "broken JSON"])
+def test_a_tokenizer_file_without_the_special_tokens_or_not_json_is_refused_naming_it(made, tmp_path, damage):
+    bad = tmp_path / "bad" / "tokenizer.json"
+    bad.parent.mkdir()
+    if damage == "broken JSON":
+        bad.write_text((made / "model" / "tokenizer.json").read_text()[:500])
+        expected = rf"Tokenizer file '{bad}' is not valid JSON"
+    else:
+        spec = json.loads((made / "model" / "tokenizer.json").read_text())
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "[MASK]"]
+        bad.write_text(json.dumps(spec))
+        expected = rf"Tokenizer file {bad} lacks the special token\(s\) \[MASK\]"
+    for vocab_file in (bad, bad.parent):
+        with pytest.raises(UserInputError, match=expected):
+            create_pretraining_data(Config.load(input=[str(made / "corpus.txt")], vocab_file=str(vocab_file),
+                                                output_dir=str(tmp_path / "data")))
+
+
+def test_bert_refuses_a_tokenizer_json_and_modernbert_takes_its_ids(made, tmp_path):
+    from tpu_pretrain.core.resolve import run_model_config
+
+    data = read_data_info(str(made / "data"))
+    with pytest.raises(UserInputError, match="is a tokenizer.json, which only --model_family modernbert trains"):
+        run_model_config(Config.load(data_dir=str(made / "data"), model_size="tiny"), data)
+    config = run_model_config(Config.load(data_dir=str(made / "data"), model_size="tiny",
+                                          model_family="modernbert"), data)
+    assert config.vocab_size == 2048  # 2005 tokens, padded to a multiple of 64 as the released models are
+    assert (config.pad_token_id, config.cls_token_id, config.sep_token_id, config.mask_token_id) == (
+        2003, 2001, 2002, 2004)
+    shutil.copytree(made / "data", tmp_path / "data")
+    (tmp_path / "data" / "tokenizer.json").write_text((made / "model" / "tokenizer.json").read_text() + " ")
+    with pytest.raises(UserInputError, match="tokenizer.json is not the vocab the data .* was made with"):
+        read_data_info(str(tmp_path / "data"))
