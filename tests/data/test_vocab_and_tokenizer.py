@@ -74,6 +74,11 @@ def test_tokenizer_matches_the_reference_algorithm_on_every_corpus_line(english_
                       if got != full_tokenize(without_private_use(line), vocab_set, lower)]
         assert not mismatches, f"{path.name}: {len(mismatches)} of {len(lines)} lines differ, e.g. {mismatches[0]}"
         assert tokenizer.encode(lines[1]) == tokenizer.convert_tokens_to_ids(full_tokenize(lines[1], vocab_set, lower))
+        # create-data's batch path sends printable ASCII lines through a lower-casing-only normaliser: the same ids
+        routed = [ids.tolist() for ids in tokenizer.encode_batch(lines)]
+        assert routed == [e.ids for e in tokenizer.backend.encode_batch(lines, add_special_tokens=False)]
+    plain = [line.isascii() and line.isprintable() for line in WIKITEXT.read_text(encoding="utf-8").splitlines()]
+    assert 0 < sum(plain) < len(plain)  # both paths were taken
 
 
 def without_private_use(text):

@@ -7,6 +7,8 @@ continuations, words over 100 characters become [UNK]), run in Rust and in paral
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .tokenizer_json import TokenizerJson, is_tokenizer_json
@@ -56,9 +58,26 @@ class BertTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """Token ids of many texts at once (parallel in Rust), as int32 arrays."""
-        encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        """Token ids of many texts at once (parallel in Rust), as int32 arrays. Printable ASCII texts go through
+        :attr:`_plain_text_tokenizer`, the same ids for a third less time."""
+        is_plain = [text.isascii() and text.isprintable() for text in texts]
+        plain = self._plain_text_tokenizer.encode_batch_fast([t for t, p in zip(texts, is_plain, strict=True) if p],
+                                                             add_special_tokens=False)
+        other = self._tokenizer.encode_batch_fast([t for t, p in zip(texts, is_plain, strict=True) if not p],
+                                                  add_special_tokens=False)
+        plain_ids, other_ids = (iter([np.asarray(e.ids, dtype=np.int32) for e in encodings])
+                                for encodings in (plain, other))
+        return [next(plain_ids if p else other_ids) for p in is_plain]
+
+    @functools.cached_property
+    def _plain_text_tokenizer(self):
+        """This tokenizer for printable ASCII, where BERT's normaliser has nothing to do but lower-case: no control
+        characters to drop, no accents to strip, no CJK characters to split off."""
+        from tokenizers import Tokenizer, normalizers
+
+        plain = Tokenizer.from_str(self._tokenizer.to_str())
+        plain.normalizer = normalizers.Lowercase() if self.do_lower_case else None
+        return plain
 
     def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
         return [self.vocab.get(t, self.unk_id) for t in tokens]
