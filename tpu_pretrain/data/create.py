@@ -119,12 +119,16 @@ def _create(plan: DataPlan, out: Path) -> Manifest:
     check_existing(out, plan.identity, plan.config.data.vocab_file)
     work = out / WORK_DIR
     partition = read_json(work / "partition.json")
-    if partition is None or identity_differences(partition["identity"], plan.identity):
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / IDENTITY, plan.identity)
-        partition = _partition(plan.reader, work, plan.settings, plan.identity)
-    tasks = shard_tasks(plan, partition, str(out), str(work))
-    shards = _write_shards(tasks, out, plan.config.data.workers)
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if partition is None or identity_differences(partition["identity"], plan.identity):
+            out.mkdir(parents=True, exist_ok=True)
+            write_json(out / IDENTITY, plan.identity)
+            workers = _worker_count(plan.config.data.workers, plan.settings["num_shards"])
+            pool = _worker_pool(stack, workers) if workers > 1 else None  # they start while the corpus is dealt
+            partition = _partition(plan.reader, work, plan.settings, plan.identity)
+        tasks = shard_tasks(plan, partition, str(out), str(work))
+        shards = _write_shards(tasks, out, plan.config.data.workers, pool)
     manifest = finish(plan, partition, [shards[task.name] for task in tasks], time.time() - start)
     shutil.rmtree(work, ignore_errors=True)
     return manifest
@@ -161,29 +165,33 @@ def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: f
     return manifest
 
 
-def _write_shards(tasks: list[ShardTask], out: Path, workers: int) -> dict[str, ShardStats]:
-    """Every shard's statistics: complete shards are verified once and kept, the others (re)written."""
+def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool=None) -> dict[str, ShardStats]:
+    """Every shard's statistics: complete shards are verified once and kept, the others (re)written (by ``pool``'s
+    workers if one was started, else by as many as there are shards to write, up to ``workers``)."""
     shards = {task.name: shard_complete(out, task.name) for task in tasks}
     pending = [task for task in tasks if shards[task.name] is None]
     if not pending:
         return shards
-    workers = min(workers or os.cpu_count() or 1, len(pending))
-    log.info("Writing %d shard(s) with %d worker(s)...", len(pending), workers)
     with contextlib.ExitStack() as stack:
+        if pool is None and _worker_count(workers, len(pending)) > 1:
+            pool = _worker_pool(stack, _worker_count(workers, len(pending)))
+        log.info("Writing %d shard(s)%s...", len(pending), " in worker processes" if pool else "")
         bar = stack.enter_context(tqdm(total=len(pending), unit="shard", desc="shards", disable=None))
-        if workers == 1:
-            written = map(write_shard, pending)
-        else:
-            with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
-                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-                    workers, initializer=worker_init, initargs=(workers,)))
-            written = pool.imap_unordered(write_shard, pending)
+        written = pool.imap_unordered(write_shard, pending) if pool else map(write_shard, pending)
         for stats in written:
             shards[stats.file] = stats
             bar.update()
     return shards
 
 
+def _worker_count(workers: int, shards: int) -> int:
+    return min(workers or os.cpu_count() or 1, shards)
+
+
+def _worker_pool(stack: contextlib.ExitStack, workers: int):
+    with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
+        return stack.enter_context(multiprocessing.get_context("spawn").Pool(
+            workers, initializer=worker_init, initargs=(workers,)))
 
 
 @contextlib.contextmanager

@@ -61,6 +61,19 @@ def worker_init(workers: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = threads
     os.environ["RAYON_RS_NUM_CPUS"] = threads
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    load_compiled_code()
+
+
+def load_compiled_code() -> None:
+    """Load the compiled pair, masking and encoding code (numba's cache; compiled on a machine's first run) by
+    running it once on a toy block, so a worker pays for it while the parent still partitions the corpus."""
+    spec = InstanceSpec(max_seq_length=16, max_predictions_per_seq=2, masked_lm_prob=0.15, short_seq_prob=0.1,
+                        do_whole_word_mask=False, nsp=True, cls_id=2, sep_id=3, mask_id=4,
+                        replacement_ids=np.arange(5, 9, dtype=np.int32))
+    sentence = (np.arange(5, 9, dtype=np.int32), np.zeros(4, dtype=bool))
+    rng = random.Random(0)
+    batches = pair_batches(TokenBlock([[sentence, sentence], [sentence]]), spec, rng, passes=1, batch=1)
+    shuffled_records([encode_framed(mask_batch(b, spec, np.random.default_rng(0))[0]) for b in batches], rng)
 
 
 def write_shard(task: ShardTask, lines: Iterable[str] | None = None) -> ShardStats:
