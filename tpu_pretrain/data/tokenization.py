@@ -13,11 +13,12 @@ import numpy as np
 
 from .tokenizer_json import TokenizerJson, is_tokenizer_json
 from .vocab import SPECIAL_TOKENS, load_vocab
+from .vocab_tokenizer import VocabTokenizer
 
 MAX_INPUT_CHARS_PER_WORD = 100
 
 
-class BertTokenizer:
+class BertTokenizer(VocabTokenizer):
     """A WordPiece tokenizer with the same vocab and rules as Google's ``FullTokenizer``."""
 
     def __init__(self, vocab_file: str, do_lower_case: bool = True):
@@ -42,21 +43,6 @@ class BertTokenizer:
         )
         self.is_continuation = np.array([t.startswith("##") for t in self.inv_vocab], dtype=bool)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.inv_vocab)
-
-    @property
-    def backend(self):
-        """The underlying ``tokenizers.Tokenizer`` (for offsets and batch work)."""
-        return self._tokenizer
-
-    def tokenize(self, text: str) -> list[str]:
-        return self._tokenizer.encode(text, add_special_tokens=False).tokens
-
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
-
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Token ids of many texts at once (parallel in Rust), as int32 arrays. Printable ASCII texts go through
         :attr:`_plain_text_tokenizer`, the same ids for a third less time."""
@@ -79,15 +65,6 @@ class BertTokenizer:
         plain.normalizer = normalizers.Lowercase() if self.do_lower_case else None
         return plain
 
-    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
-        return [self.vocab.get(t, self.unk_id) for t in tokens]
-
-    def convert_ids_to_tokens(self, ids) -> list[str]:
-        return [self.inv_vocab[int(i)] for i in ids]
-
-    def decode(self, ids) -> str:
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
-
     def word_continuations(self, ids: np.ndarray) -> np.ndarray:
         """Per token of a sentence: whether it continues the previous token's word (whole-word masking)."""
         return self.is_continuation[ids]
@@ -97,7 +74,7 @@ class BertTokenizer:
         return "".join(t[2:] if t.startswith("##") else t for t in tokens)
 
 
-def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> BertTokenizer | TokenizerJson:
+def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> VocabTokenizer:
     """The project's tokenizer for ``vocab_file``: a vocab.txt's ``tokenize``/``encode`` match Google's
     FullTokenizer; a tokenizer.json (or a model folder holding one) is that file's own tokenizer."""
     if is_tokenizer_json(vocab_file):

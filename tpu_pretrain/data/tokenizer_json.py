@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserInputError
+from .vocab_tokenizer import VocabTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # what pretraining needs, by name
@@ -49,7 +50,7 @@ class TokenList(list):
         self.added_ids = added_ids
 
 
-class TokenizerJson:
+class TokenizerJson(VocabTokenizer):
     """A ``tokenizer.json`` with the interface of :class:`.tokenization.BertTokenizer`. ``do_lower_case`` is
     ignored: casing is the file's normaliser's business."""
 
@@ -79,34 +80,6 @@ class TokenizerJson:
         self.is_continuation = continuation_flags(self.inv_vocab, spec)
         tokenizer.encode_special_tokens = True  # "[MASK]" in the corpus is text, not the mask token
         self._tokenizer = tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.inv_vocab)
-
-    @property
-    def backend(self):
-        """The underlying ``tokenizers.Tokenizer`` (for offsets and batch work)."""
-        return self._tokenizer
-
-    def tokenize(self, text: str) -> list[str]:
-        return self._tokenizer.encode(text, add_special_tokens=False).tokens
-
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
-
-    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
-        return [self.vocab.get(t, self.unk_id) for t in tokens]
-
-    def convert_ids_to_tokens(self, ids) -> list[str]:
-        return [self.inv_vocab[int(i)] for i in ids]
-
-    def decode(self, ids) -> str:
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def word_continuations(self, ids: np.ndarray) -> np.ndarray:
         """Per token of a sentence: whether it continues the previous token's word. A sentence's first token starts
