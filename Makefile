@@ -50,7 +50,7 @@ test-tpu-stack: $(STAMP)
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
 JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2" "tokenizers>=0.20" "jieba>=0.42" \
-	"google-cloud-storage>=2.14" "google-crc32c>=1.5" tqdm pyyaml psutil setuptools matplotlib \
+	"google-cloud-storage>=2.14" "google-crc32c>=1.5" tqdm pyyaml psutil setuptools matplotlib "numba>=0.59" \
 	pytest safetensors "transformers>=4.40" torch==2.13.0
 
 install-jax-stack: $(JAX_STAMP)
