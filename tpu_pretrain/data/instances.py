@@ -10,7 +10,8 @@ while they fit the budget, each masked token 80% [MASK], 10% random, 10% unchang
 What makes this fast is that no per-instance work touches tokens in Python: a block's documents are one flat
 token array (:class:`TokenBlock`), so an instance is four numbers, the spans of its segments A and B
 (:class:`Instances`); Google's loop decides the spans on sentence lengths alone (compiled, :mod:`.pair_loop`),
-and laying the instances out and masking them runs in NumPy over a whole batch at once.
+and a whole batch is laid out and masked at once (compiled loops per row, :mod:`.masking_kernels`, with the
+random draws made here in NumPy).
 
 Deviations, each deliberate: the budget is ``masked_lm_prob`` of the real tokens ([CLS]/[SEP] are
 never candidates, so they are not counted either); random replacements are drawn from real
