@@ -1,4 +1,4 @@
-"""BERT pretraining instances: Google's algorithm, with the masking vectorised over batches.
+"""BERT pretraining instances: Google's algorithm, a batch of instances at a time.
 
 Segments follow ``create_instances_from_document`` of the original ``create_pretraining_data.py``:
 a target length (shorter with ``short_seq_prob``), sentences gathered into a chunk, a random split
