@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..config import RUN, Config, all_fields, pinned_settings
 from ..data.data_folder import data_vocab_file
+from ..data.tokenizer_json import TOKENIZER_JSON as TOKENIZER  # a run's vocab when its data used a tokenizer.json
 from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_copy_name, vocab_source
 from ..errors import UserInputError
@@ -42,7 +43,6 @@ IDENTITY = "run.json"
 BERT_CONFIG = "bert_config.json"
 MODERNBERT_CONFIG = "modernbert_config.json"
 VOCAB = "vocab.txt"
-TOKENIZER = "tokenizer.json"  # the vocab of a run whose data was made with a Hugging Face tokenizer.json
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 EXAMPLE_IDS = "example_ids.jsonl"

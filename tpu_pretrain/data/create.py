@@ -173,8 +173,9 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool=None) ->
     if not pending:
         return shards
     with contextlib.ExitStack() as stack:
-        if pool is None and _worker_count(workers, len(pending)) > 1:
-            pool = _worker_pool(stack, _worker_count(workers, len(pending)))
+        needed = _worker_count(workers, len(pending))
+        if pool is None and needed > 1:
+            pool = _worker_pool(stack, needed)
         log.info("Writing %d shard(s)%s...", len(pending), " in worker processes" if pool else "")
         bar = stack.enter_context(tqdm(total=len(pending), unit="shard", desc="shards", disable=None))
         written = pool.imap_unordered(write_shard, pending) if pool else map(write_shard, pending)

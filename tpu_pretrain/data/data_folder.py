@@ -18,10 +18,10 @@ from pathlib import Path
 
 from ..errors import UserInputError
 from .tfrecord import decode_example, read_records
+from .tokenizer_json import TOKENIZER_JSON as TOKENIZER  # the vocab of data made with a tokenizer.json
 
 MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
-TOKENIZER = "tokenizer.json"  # the data's vocab when it was made with a Hugging Face tokenizer.json
 IDENTITY = ".identity.json"  # the settings a folder's shards are being made with (before the manifest exists)
 WORK_DIR = ".work"
 FORMAT = "tpu_pretrain.pretraining_data/1"

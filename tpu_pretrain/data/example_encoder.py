@@ -98,7 +98,7 @@ def _put_uint32_le(buf, pos, value):
 
 
 @numba.njit(cache=True)
-def _payload_size(ints, floats, row, is_float, col, width):
+def _payload_size(ints, row, is_float, col, width):
     if is_float:
         return 4 * width
     size = 0
@@ -125,7 +125,7 @@ def _encode(ints, floats, is_float, cols, widths, keys, key_starts):
     for row in range(n):
         total = 0
         for f in range(n_features):
-            payload = _payload_size(ints, floats, row, is_float[f], cols[f], widths[f])
+            payload = _payload_size(ints, row, is_float[f], cols[f], widths[f])
             payloads[row, f] = payload
             body = _entry_sizes(payload, key_starts[f + 1] - key_starts[f])[2]
             total += 1 + _varint_size(body) + body

@@ -217,13 +217,13 @@ class ShardWriter:
             rng.shuffle(order)
             yield self.packer.pack([tokens.document(i) for i in order])
 
-    def last_records(self, block_number: int, stats: ShardStats) -> tuple[bytes, int]:
+    def last_records(self, block_number: int, stats: ShardStats) -> tuple[bytes | np.ndarray, int]:
         """What packing left over after the last block: the shard's one partly filled sequence."""
         last = self.packer.finish() if self.packer is not None else None
         if last is None:
             return b"", 0
         buffer, offsets = self._encode(last, self._rngs(block_number)[1], stats)
-        return buffer.tobytes(), len(offsets) - 1
+        return buffer, len(offsets) - 1
 
     def _rngs(self, block_number: int) -> tuple[random.Random, np.random.Generator]:
         seed = [*self.seed, block_number]

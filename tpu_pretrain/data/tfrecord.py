@@ -125,7 +125,7 @@ class AtomicRecordWriter:
         from .example_encoder import encode_framed
 
         buffer, offsets = encode_framed(batch)
-        self.write_framed(buffer.tobytes(), len(offsets) - 1)
+        self.write_framed(buffer, len(offsets) - 1)
 
     def write_framed(self, chunk: bytes | np.ndarray, count: int) -> None:
         """``count`` records already framed (:func:`.example_encoder.encode_framed`)."""

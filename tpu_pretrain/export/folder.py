@@ -22,15 +22,11 @@ def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, mo
                           model_input_names: list[str] | None = None) -> None:
     """vocab.txt, tokenizer.json (fast), tokenizer_config.json and special_tokens_map.json, for AutoTokenizer.
     ``model_input_names``: what the tokenizer returns, where not BERT's (ModernBERT has no token types)."""
-    from tokenizers import processors
-
     shutil.copyfile(vocab_file, folder / "vocab.txt")
     tokenizer = load_tokenizer(vocab_file, do_lower_case)
     backend = tokenizer.backend
     backend.add_special_tokens(list(SPECIALS.values()))  # "[MASK]" typed in text stays one token
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)])
+    backend.post_processor = _cls_sep_around(tokenizer.cls_id, tokenizer.sep_id)
     backend.save(str(folder / "tokenizer.json"))
     config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
               "tokenize_chinese_chars": True, "do_basic_tokenize": True, "model_max_length": model_max_length,
@@ -41,11 +37,19 @@ def write_tokenizer_files(folder: Path, vocab_file: str, do_lower_case: bool, mo
     (folder / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2) + "\n")
 
 
+def _cls_sep_around(cls_id: int, sep_id: int):
+    """A post-processor that puts [CLS] A [SEP] (B [SEP]) around encoded text, as BERT's and ModernBERT's do."""
+    from tokenizers import processors
+
+    return processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+
+
 def write_tokenizer_json_files(folder: Path, tokenizer_file: str, model_max_length: int) -> None:
     """A run's tokenizer.json as it is (a released ModernBERT's, say), with a ``tokenizer_config.json`` as
     transformers' ModernBERT folders have it (``PreTrainedTokenizerFast``, BERT's special tokens by name): the
     file's own post-processor adds [CLS] and [SEP]; one is added where the file has none."""
-    from tokenizers import Tokenizer, processors
+    from tokenizers import Tokenizer
 
     source = vocab_source(tokenizer_file)
     spec = json.loads(source.read_text(encoding="utf-8"))
@@ -54,9 +58,7 @@ def write_tokenizer_json_files(folder: Path, tokenizer_file: str, model_max_leng
     else:
         backend = Tokenizer.from_file(str(source))
         ids = backend.get_vocab(with_added_tokens=True)
-        backend.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+        backend.post_processor = _cls_sep_around(ids["[CLS]"], ids["[SEP]"])
         backend.save(str(folder / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "clean_up_tokenization_spaces": True, "model_input_names": ["input_ids", "attention_mask"], **SPECIALS}
