@@ -74,11 +74,38 @@ def test_tokenizer_matches_the_reference_algorithm_on_every_corpus_line(english_
                       if got != full_tokenize(without_private_use(line), vocab_set, lower)]
         assert not mismatches, f"{path.name}: {len(mismatches)} of {len(lines)} lines differ, e.g. {mismatches[0]}"
         assert tokenizer.encode(lines[1]) == tokenizer.convert_tokens_to_ids(full_tokenize(lines[1], vocab_set, lower))
-        # create-data's batch path sends printable ASCII lines through a lower-casing-only normaliser: the same ids
+        # create-data's batch path tokenises printable ASCII words compiled, the others in Rust: the same ids
         routed = [ids.tolist() for ids in tokenizer.encode_batch(lines)]
         assert routed == [e.ids for e in tokenizer.backend.encode_batch(lines, add_special_tokens=False)]
     plain = [line.isascii() and line.isprintable() for line in WIKITEXT.read_text(encoding="utf-8").splitlines()]
     assert 0 < sum(plain) < len(plain)  # both paths were taken
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_compiled_wordpiece_matches_rust_on_random_text(tmp_path, lower):
+    """Words of every kind, mixed within a line: vocab words in any case, glued pairs, unknown pieces, over-long
+    words, punctuation runs, and neighbours that are not ASCII (accents, CJK, combining marks, controls, tabs,
+    non-breaking and ideographic spaces)."""
+    import random
+
+    vocab = list(SPECIAL_TOKENS) + ["un", "##aff", "##able", "hello", "world", "##s", "##ing", "a", "x", "##x", "1",
+                                    "##23", ",", "!", "#", "##", "###", "café", "中", "Hello", "xx" * 30]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = load_tokenizer(tmp_path / "vocab.txt", do_lower_case=lower)
+    rng = random.Random(0)
+    pieces = [t.removeprefix("##") for t in vocab] + [chr(c) for c in range(32, 127)] + list(
+        "\t\x00\x7f\u00a0\u3000éÉİßﬁ中文\u0301\u200b\ufffd\U0001F600’–—")
+    lines = ["", " ", "x" * 100, "x" * 101 + " hello", "UNAFFABLE,hello!!", "## # ###"]
+    for _ in range(3000):
+        words = ["".join(rng.choice(pieces) for _ in range(rng.choice([1, 1, 2, 3, 60])))
+                 for _ in range(rng.randint(0, 12))]
+        words = [w.upper() if rng.random() < 0.2 else w for w in words]
+        lines.append(rng.choice([" ", "  ", ""]).join(words))
+    routed = [ids.tolist() for ids in tokenizer.encode_batch(lines)]
+    expected = [e.ids for e in tokenizer.backend.encode_batch(lines, add_special_tokens=False)]
+    mismatches = [(line, got, want) for line, got, want in zip(lines, routed, expected, strict=True) if got != want]
+    assert not mismatches, f"{len(mismatches)} of {len(lines)} lines differ, e.g. {mismatches[0]}"
+    assert sum(any(i != tokenizer.unk_id for i in ids) for ids in routed) > 2000  # not all [UNK]
 
 
 def without_private_use(text):
