@@ -1,7 +1,7 @@
 """Benchmark ``create-data`` end to end: input MB/s, instances/s and peak memory at several corpus sizes.
 
 Usage: python benchmarks/bench_create_data.py CORPUS VOCAB [--scales 1 4] [--workers 0] [--pack_sequences]
-           [--short_documents] [--google] [--whole_word_mask]
+           [--short_documents] [--google [--google_scale 16]] [--whole_word_mask]
        python benchmarks/bench_create_data.py --smoke   (the built-in sample corpus, 60k characters, x1 and x2)
 
 Each size runs ``tpu-pretrain create-data`` (max_seq_length 128, 20 predictions, dupe_factor 10: the defaults of
@@ -11,7 +11,8 @@ much padding, a corpus makes. Two baselines, measured in the same run on the fir
 ``tokenizers`` alone tokenising the same text on all cores (the floor any pipeline built on it pays), and
 with ``--google`` Google's own ``create_pretraining_data.py`` (the ``bert-tensorflow`` 1.0.4 release from
 PyPI, installed into ``~/.cache`` on first use; it has no whole-word masking, so neither side masks whole
-words unless ``--whole_word_mask``) on the same corpus, vocab and settings. ``--short_documents`` first cuts
+words unless ``--whole_word_mask``) on the same corpus, vocab and settings, at the first size or
+``--google_scale``. ``--short_documents`` first cuts
 the corpus into documents of 1-3 sentences (split at " . ", a fixed seed), the case where many small,
 mostly padded instances make the per-instance work dominate. Peak memory grows with shard size until
 shards exceed one block of work (2M characters), then stays flat however large the corpus.
@@ -162,7 +163,10 @@ def main() -> None:
     parser.add_argument("--short_documents", action="store_true", help="cut the corpus into 1-3 sentence documents")
     parser.add_argument("--dupe_factor", type=int, default=10, help="passes over the corpus (both tools' default)")
     parser.add_argument("--google", action="store_true",
-                        help=f"also run Google's create_pretraining_data.py ({GOOGLE_RELEASE}) on the first size")
+                        help=f"also run Google's create_pretraining_data.py ({GOOGLE_RELEASE}) on one size")
+    parser.add_argument("--google_scale", type=int,
+                        help="the size Google's script runs on (default: the first); the largest compares equal "
+                        "sizes (each tool's start-up weighs least), at minutes and GBs for Google")
     args = parse_args(parser, smoke={"scales": [1, 2], "dupe_factor": 5},
                       what=f"the built-in sample corpus ({SMOKE_CHARS:,} characters) x1 and x2, a 500-token vocab")
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,6 +174,9 @@ def main() -> None:
             args.corpus, args.vocab = smoke_inputs(Path(tmp))
         elif args.corpus is None or args.vocab is None:
             parser.error("give CORPUS and VOCAB (or --smoke)")
+        google_scale = args.google_scale or args.scales[0]
+        if google_scale not in args.scales:
+            parser.error(f"--google_scale {google_scale} is not one of --scales {args.scales}")
         settings = {**SETTINGS, "dupe_factor": args.dupe_factor}
         text = args.corpus.read_text(encoding="utf-8")
         text = short_documents(text) if args.short_documents else text if text.endswith("\n") else text + "\n"
@@ -193,13 +200,13 @@ def main() -> None:
                   f"peak RSS {peak / 2**20:6.0f} MiB (all processes)")
         first_corpus = Path(tmp) / f"corpus_x{args.scales[0]}.txt"
         baseline = tokenizer_only(first_corpus, args.vocab)
-        google = run_google(first_corpus, args.vocab, Path(tmp) / "google", args.whole_word_mask, settings) \
-            if args.google else None
+        google = run_google(Path(tmp) / f"corpus_x{google_scale}.txt", args.vocab, Path(tmp) / "google",
+                            args.whole_word_mask, settings) if args.google else None
     best = max(r[1] / r[2] for r in results)
     print(f"baseline, same run: tokenizers alone {baseline:.2f} MB/s; create-data end to end / tokenizer alone = "
           f"{best / baseline:.2f}x")
     if google is not None:
-        scale, size_mb, seconds, _, _ = results[0]
+        scale, size_mb, seconds, _, _ = results[args.scales.index(google_scale)]
         g_seconds, g_peak, g_instances = google
         print(f"Google's create_pretraining_data.py, same run, x{scale}: {size_mb / g_seconds:.3f} MB/s, "
               f"{g_instances / g_seconds:.0f} instances/s ({g_instances} instances), "
