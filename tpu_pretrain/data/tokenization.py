@@ -1,8 +1,9 @@
-"""BERT's basic + WordPiece tokenisation, fast, through Hugging Face ``tokenizers``.
+"""BERT's basic + WordPiece tokenisation, fast: Hugging Face ``tokenizers``, with ASCII words compiled.
 
 The same algorithm as Google's ``FullTokenizer`` (clean text, CJK characters split, optional
 lower-casing and accent stripping, punctuation split, greedy longest-match WordPiece with ``##``
-continuations, words over 100 characters become [UNK]), run in Rust and in parallel.
+continuations, words over 100 characters become [UNK]), built in ``tokenizers``; batches go through
+:mod:`.wordpiece_kernel`, which hands it only the words that are not printable ASCII.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import functools
 import numpy as np
 
 from .tokenizer_json import TokenizerJson, is_tokenizer_json
-from .vocab import SPECIAL_TOKENS, load_vocab
+from .vocab import load_vocab
 from .vocab_tokenizer import VocabTokenizer
 
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -37,10 +38,7 @@ class BertTokenizer(VocabTokenizer):
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece(prefix="##")
         self._tokenizer = tokenizer
-        self.special_ids = {token: self.vocab[token] for token in SPECIAL_TOKENS}
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            self.special_ids[t] for t in SPECIAL_TOKENS
-        )
+        self._name_special_ids()
         self.is_continuation = np.array([t.startswith("##") for t in self.inv_vocab], dtype=bool)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:

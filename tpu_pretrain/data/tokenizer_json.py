@@ -18,10 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserInputError
-from .vocab_tokenizer import VocabTokenizer
+from .vocab_tokenizer import SPECIAL_TOKENS, VocabTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # what pretraining needs, by name
 WORD_START_MARKERS = ("Ġ", "▁")  # byte-level BPE's encoded space, SentencePiece's
 
 
@@ -75,8 +74,7 @@ class TokenizerJson(VocabTokenizer):
         for token, index in self.vocab.items():
             inv[index] = token
         self.inv_vocab = TokenList(inv, frozenset(added))
-        self.special_ids = {token: self.vocab[token] for token in SPECIAL_TOKENS}
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self.special_ids[t] for t in SPECIAL_TOKENS)
+        self._name_special_ids()
         self.is_continuation = continuation_flags(self.inv_vocab, spec)
         tokenizer.encode_special_tokens = True  # "[MASK]" in the corpus is text, not the mask token
         self._tokenizer = tokenizer

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ..errors import UserInputError
 from ..storage.local import write_text_atomic
-from .tokenizer_json import SPECIAL_TOKENS, TOKENIZER_JSON, is_tokenizer_json, tokenizer_json_file
+from .tokenizer_json import TOKENIZER_JSON, is_tokenizer_json, tokenizer_json_file
+from .vocab_tokenizer import SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
 

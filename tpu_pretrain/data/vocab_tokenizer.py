@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # what pretraining needs, by name, at any ids
+
 
 class VocabTokenizer:
     """What the tokenizer of any vocab offers, from its ``tokenizers.Tokenizer`` (``_tokenizer``), its tokens in id
-    order (``inv_vocab``), their ids (``vocab``) and ``unk_id``."""
+    order (``inv_vocab``) and their ids (``vocab``, holding every one of ``SPECIAL_TOKENS``)."""
+
+    def _name_special_ids(self) -> None:
+        """``special_ids`` and ``pad_id`` ... ``mask_id``, from ``vocab``."""
+        self.special_ids = {token: self.vocab[token] for token in SPECIAL_TOKENS}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self.special_ids[t] for t in SPECIAL_TOKENS)
 
     @property
     def vocab_size(self) -> int:

@@ -44,6 +44,7 @@ class WordPieceTable:
 
     def encode(self, texts: list[str], fallback: Callable[[list[str]], list[list[int]]]) -> list[np.ndarray]:
         """Token ids of each text, the ASCII words in one compiled call; ``fallback`` tokenises the rest."""
+        # writable, like its lower-cased copy: one compiled signature whether the vocab is cased or not
         raw = np.frombuffer(bytearray("".join(texts).encode("utf-8", "surrogatepass") or b"\0"), dtype=np.uint8)
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         np.cumsum([len(t) if t.isascii() else len(t.encode("utf-8", "surrogatepass")) for t in texts],
