@@ -80,8 +80,8 @@ def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     base = getattr(args, "config", None)
     saved = os.path.join(overrides.get("output_dir", ""), "config.json")
-    if base is None and getattr(args, "command", None) == "train" and os.path.isfile(saved):
-        base = saved  # an existing run folder continues with its settings; flags override the safe ones
+    if base is None and getattr(args, "command", None) in ("train", "plan") and os.path.isfile(saved):
+        base = saved  # an existing run folder continues (or is planned) with its settings; flags override the safe ones
     return Config.load(base, **overrides)
 
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from ..config import Config
-from .parser import EXIT_OK, command
+from ..config import TRAIN, Config, step_settings
+from .parser import EXIT_FAILED, EXIT_OK, command
+
+# What shapes a step beyond train's settings: what create-data would write (a data_dir, when given, decides them).
+PLAN_SHAPES = tuple(name for name in ("max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "no_nsp",
+                                      "vocab_size") if name not in step_settings(TRAIN))
 
 
 # -- TPU ---------------------------------------------------------------------------------------------------
@@ -60,3 +65,42 @@ def _tpu_env(config: Config, args: argparse.Namespace) -> int:
     environment = prepare_tpu_environment(args.venv, python=args.python, extras=args.extras, rebuild=args.rebuild)
     command_args = args.args[1:] if args.args[:1] == ["--"] else args.args
     return environment.run(command_args) if command_args else EXIT_OK
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tpu", default="", help="The TPU to compile for: v5e-1 (Colab's free TPU), v5e-8 "
+                        "(Kaggle's), v6e-1, v5e-4, v6e-8, v5p-8, v3-8, v2-8, v5e-16, v5e-32; local: the TPU here "
+                        "(default: local on a TPU VM, else v5e-1).")
+    parser.add_argument("--hbm_gib", type=float, default=0.0, help="Memory per device to plan for, GiB (default: "
+                        "the chip's published HBM).")
+    parser.add_argument("--no_search", action="store_true", help="Only the step asked for: when it does not fit, "
+                        "do not compile again to find the largest batch that does.")
+    parser.add_argument("--save", default="", help="Also write the plan as JSON here (a local path or gs:// URL).")
+
+
+@command("plan", "Compile the training step that `train` would run (the same settings; the data folder optional) "
+         "for a TPU, without one: memory per chip against its capacity, XLA's FLOPs beside the MFU formula, "
+         "sequences/s and hours at a stated MFU range; when it does not fit, the largest batch (or the gradient "
+         "accumulation) that does, found by compiling. Needs the TPU compiler: pip install 'jax[tpu]'.",
+         step_settings(TRAIN) + PLAN_SHAPES, arguments=_plan_arguments)
+def _plan(config: Config, args: argparse.Namespace) -> int:
+    import json
+
+    from ..runtime import tpu_vm_present
+
+    tpu = args.tpu or ("local" if tpu_vm_present() else "v5e-1")
+    if tpu != "local":  # the model is built here on the CPU and the TPU is described: no chip for libtpu to guard
+        for name, value in (("JAX_PLATFORMS", "cpu"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+                            ("TPU_STDERR_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3")):
+            os.environ.setdefault(name, value)
+    from ..jax_backend.plan import plan, report
+
+    print(f"Compiling for {tpu}: a few minutes on a laptop's CPU (longer for a large model)...", flush=True)
+    result = plan(config, tpu, search=not args.no_search, hbm_gib=args.hbm_gib)
+    print(report(result), flush=True)
+    if args.save:
+        from .. import storage
+
+        storage.write_text(args.save, json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"Saved to {args.save}.", flush=True)
+    return EXIT_OK if result.fits else EXIT_FAILED

@@ -9,9 +9,11 @@ import os
 from dataclasses import dataclass
 
 from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
+from ..config_checks import max_predictions
 from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_sha256
+from ..data.vocab_tokenizer import SPECIAL_TOKENS
 from ..errors import UserInputError
 from .bert_config import BertConfig, resolve_bert_config, training_flops_per_sequence
 from .modernbert_config import ModernBertConfig, is_modernbert_folder, resolve_modernbert_config, vocab_token_ids
@@ -48,6 +50,29 @@ class RunPlan:
         schedule = planned(config.train)
         return cls(config, data, run_vocab_file(config, data), run_model_config(config, data), warmup_was_auto,
                    schedule, schedule)
+
+    @classmethod
+    def from_settings(cls, config: Config) -> RunPlan:
+        """A run planned before its data exists (the plan command): the shapes create-data would write with these
+        settings. A ``data_dir``, when set, decides them instead, as in :meth:`resolve`."""
+        if config.storage.data_dir:
+            return cls.resolve(config)
+        config = copy.deepcopy(config)
+        d = config.data
+        d.max_predictions_per_seq = max_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob)
+        vocab_size = len(load_vocab(d.vocab_file)) if d.vocab_file else None
+        if not (vocab_size or config.model.bert_config_file or config.model.init_checkpoint):
+            vocab_size = config.vocab.vocab_size  # a vocab yet to be built, of the size `tpu-pretrain vocab` makes
+        data = DataInfo("", [], [], d.max_seq_length, d.max_predictions_per_seq, vocab_size=vocab_size,
+                        settings={"no_nsp": d.no_nsp})
+        warmup_was_auto = config.train.num_warmup_steps < 0
+        config = resolve_config(config, data)
+        if config.model.model_family == MODERNBERT and not d.vocab_file:
+            model_config = planned_modernbert_config(config, vocab_size)
+        else:
+            model_config = run_model_config(config, data)
+        schedule = planned(config.train)
+        return cls(config, data, d.vocab_file, model_config, warmup_was_auto, schedule, schedule)
 
     @property
     def bert_config(self) -> BertConfig | ModernBertConfig:
@@ -179,6 +204,15 @@ def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
         dropout=m.hidden_dropout_prob, padded_vocab=padded)
     check_token_ids(data, model_config.vocab_size)
     return model_config
+
+
+def planned_modernbert_config(config: Config, vocab_size: int | None) -> ModernBertConfig:
+    """A ModernBERT's shape before its vocab exists: the special tokens first, as `tpu-pretrain vocab` puts them."""
+    m = config.model
+    return resolve_modernbert_config(
+        model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
+        vocab_size=vocab_size, token_ids=vocab_token_ids(list(SPECIAL_TOKENS)) if vocab_size else None,
+        max_position_embeddings=m.max_position_embeddings, dropout=m.hidden_dropout_prob)
 
 
 def run_bert_config(config: Config, data: DataInfo) -> BertConfig:

@@ -201,8 +201,9 @@ class DataInfo:
 
 
 def data_vocab_file(data_dir: str | os.PathLike) -> str | None:
-    """The vocab a data folder keeps, ``vocab.txt`` or (data made with a tokenizer.json) ``tokenizer.json``."""
-    for name in (VOCAB, TOKENIZER):
+    """The vocab a data folder keeps, ``vocab.txt`` or (data made with a tokenizer.json) ``tokenizer.json``; None
+    without a folder (a run planned before its data exists)."""
+    for name in (VOCAB, TOKENIZER) if data_dir else ():
         if os.path.isfile(os.path.join(data_dir, name)):
             return os.path.join(data_dir, name)
     return None

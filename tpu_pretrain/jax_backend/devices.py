@@ -26,6 +26,7 @@ class Devices:
     kind: str  # "tpu", "gpu" or "cpu"
     devices: list
     precision: str  # "float32", "bfloat16" or "float16" (with loss scaling, in the trainer)
+    abstract: bool = False  # a TPU described, not present: programs are compiled for it, never run (:mod:`.plan`)
 
     @property
     def num_replicas(self) -> int:
@@ -78,11 +79,22 @@ def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
         raise UserInputError(f"accelerator={requested}: JAX sees no {kind.upper()} here (its devices: "
                              f"{jax.devices()}). On a TPU VM install the TPU build: pip install 'jax[tpu]'; on a GPU: "
                              "pip install 'jax[cuda12]'. Or use --accelerator auto.") from None
-    if precision == "auto":
-        precision = "bfloat16" if all(_supports_bfloat16(d) for d in devices) and kind != "cpu" else "float32"
-    if precision == "float16" and all(_supports_bfloat16(d) for d in devices):
-        log.warning("mixed_precision=float16 on %s, which computes bfloat16 natively: bfloat16 needs no loss "
-                    "scaling and cannot overflow (--mixed_precision bfloat16).", kind.upper())
-    result = Devices(kind, list(devices), precision)
+    result = Devices(kind, list(devices), training_precision(kind, devices, precision))
     log.info("JAX devices: %s", result.describe())
     return result
+
+
+def training_precision(kind: str, devices: list, requested: str = "auto") -> str:
+    """The precision to train in: ``requested``, or (auto) bfloat16 where every device computes it natively.
+
+    A TPU is refused float16: it computes bfloat16 natively, and float16's loss scaling would only cost steps."""
+    native = all(_supports_bfloat16(d) for d in devices)
+    if requested == "auto":
+        return "bfloat16" if native and kind != "cpu" else "float32"
+    if requested == "float16" and kind == "tpu":
+        raise UserInputError("mixed_precision=float16 on a TPU: TPUs compute bfloat16 natively (no loss scaling, no "
+                             "overflow). Use --mixed_precision auto (or bfloat16).")
+    if requested == "float16" and native:
+        log.warning("mixed_precision=float16 on %s, which computes bfloat16 natively: bfloat16 needs no loss "
+                    "scaling and cannot overflow (--mixed_precision bfloat16).", kind.upper())
+    return requested

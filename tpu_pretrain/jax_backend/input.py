@@ -162,6 +162,16 @@ def decoded(records: ShardSet, shard: np.ndarray, record: np.ndarray, shapes: di
             "again: it rewrites what does not match), then run train again; it resumes.") from None
 
 
+def batch_shapes(batch_size: int, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple]:
+    """``{feature: (shape, dtype)}`` of a batch as :func:`to_model_dtypes` gives it to a training step."""
+    shapes = {}
+    for name, (dtype, length) in feature_shapes(max_seq_length, max_predictions_per_seq).items():
+        if name in BATCH_FEATURES:
+            shape = (batch_size,) if name == "next_sentence_labels" else (batch_size, length)
+            shapes[name] = (shape, np.float32 if dtype == "float32" else np.int32)
+    return shapes
+
+
 def to_model_dtypes(features: dict) -> dict:
     """int64 features as int32 (what accelerators prefer), ``next_sentence_labels`` as a vector."""
     out = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in features.items()}

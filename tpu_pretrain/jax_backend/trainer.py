@@ -35,7 +35,7 @@ from ..errors import UserInputError  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .families import family_of  # noqa: E402
-from .input import BATCH_FEATURES, TrainingBatches, eval_batches  # noqa: E402
+from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
@@ -76,8 +76,8 @@ class JaxTrainer:
     _prefetch: BatchPrefetcher | None = None
     _stack = None
 
-    def __init__(self, config: Config, devices: Devices | None = None):
-        self.plan = RunPlan.resolve(config)
+    def __init__(self, config: Config, devices: Devices | None = None, plan: RunPlan | None = None):
+        self.plan = plan or RunPlan.resolve(config)
         self.config, self.data, self.bert_config = self.plan.config, self.plan.data, self.plan.bert_config
         self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
         t = self.config.train
@@ -123,6 +123,11 @@ class JaxTrainer:
         self._eval_step = jax.jit(self._eval_stats, out_shardings=replicated)
 
     def _place(self, tree):
+        """Replicated on the devices; on devices this process cannot reach (a TPU compiled for from elsewhere, by
+        :mod:`.plan`) only the shapes, which is all that lowering the steps needs."""
+        if self.devices.abstract:
+            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.devices.replicated()),
+                                tree)
         return jax.device_put(tree, self.devices.replicated())
 
     def _load_init_checkpoint(self, path: str) -> None:
@@ -234,6 +239,18 @@ class JaxTrainer:
     def _chunk(self, state: dict, batches: dict):
         state, stats = jax.lax.scan(self._step, state, batches)
         return state, {key: jnp.sum(stats[key]) for key in STAT_KEYS}
+
+    def chunk_shapes(self, steps: int) -> dict:
+        """One training call's input as shapes: ``steps`` global batches stacked, split over the devices as
+        :meth:`train_steps` places them."""
+        d, sharding = self.config.data, self.devices.split(axis=1)
+        return {name: jax.ShapeDtypeStruct((steps, *shape), dtype, sharding=sharding) for name, (shape, dtype) in
+                batch_shapes(self.config.train.train_batch_size, d.max_seq_length, d.max_predictions_per_seq).items()}
+
+    def lower_chunk(self, steps: int = 1):
+        """The compiled training call of ``steps`` steps, lowered for this trainer's devices (what :mod:`.plan`
+        compiles for a TPU that is not here)."""
+        return self._train_chunk.lower(self.state, self.chunk_shapes(steps))
 
     def _eval_stats(self, state: dict, batch: dict) -> dict:
         _, (stats, _) = self._loss(state["params"], state["keras"], batch, 1.0, 1.0, training=False)

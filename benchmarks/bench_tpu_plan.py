@@ -1,0 +1,140 @@
+"""What fits on the free TPUs, from the TPU compiler: the plan command over BERT and ModernBERT at their lengths.
+
+Usage: python benchmarks/bench_tpu_plan.py [--targets v5e-1 v5e-8 v6e-1] [--rows bert-base-128 ...] [--results FILE]
+       python benchmarks/bench_tpu_plan.py --smoke   (a tiny BERT for each free target: the machinery, in minutes)
+
+Each row is ``tpu-pretrain plan`` in a process of its own (the real command, its settings as a user gives them),
+compiled for each target without a TPU (``pip install 'jax[tpu]'`` beside the project). Printed per row and target:
+compile time, memory per chip (weights and optimizer state, temporaries, total) against the chip's HBM, fits or the
+largest batch that does (found by compiling), and XLA's FLOPs per chip-step against the project's formula (the MFU
+denominator). Batches are the notebooks' defaults: 128 on a one-chip runtime (Colab's ``03``), 256 on Kaggle's
+v5e-8 (``04``); the modern recipe (MLM only, 30% masking), bfloat16, as ``train`` on a TPU runs it.
+
+Each finished plan is appended to ``--results`` (JSON lines) and skipped when the benchmark is run again, so a long
+matrix (a BERT-large compile takes tens of minutes on a 2-core machine) can be run in parts; ``--table`` prints the
+table of what is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GIB = 1 << 30
+# name -> plan flags; the notebooks' model sizes and the lengths each family is trained at.
+ROWS = {
+    "bert-base-128": ["--model_size", "L12-H768", "--max_seq_length", "128"],
+    "bert-base-512": ["--model_size", "L12-H768", "--max_seq_length", "512"],
+    "bert-large-128": ["--model_size", "L24-H1024", "--max_seq_length", "128"],
+    "bert-large-512": ["--model_size", "L24-H1024", "--max_seq_length", "512"],
+    "modernbert-base-1024": ["--model_family", "modernbert", "--model_size", "base", "--max_seq_length", "1024",
+                             "--max_position_embeddings", "8192"],
+    "modernbert-large-1024": ["--model_family", "modernbert", "--model_size", "large", "--max_seq_length", "1024",
+                              "--max_position_embeddings", "8192"],
+    "modernbert-large-8192": ["--model_family", "modernbert", "--model_size", "large", "--max_seq_length", "8192",
+                              "--max_position_embeddings", "8192"],
+}
+SMOKE = {"bert-L2-H128-64": ["--model_size", "L2-H128", "--max_seq_length", "64", "--vocab_size", "1000"]}
+DEFAULT_BATCH = {"v5e-8": 256}  # Kaggle's notebook; the one-chip runtimes' is 128
+COMMON = ["--recipe", "modern", "--vocab_size", "30522", "--num_train_steps", "100000"]
+
+
+def batch_for(target: str) -> int:
+    return DEFAULT_BATCH.get(target, 128)
+
+
+def plan_row(name: str, flags: list[str], target: str, timeout: float) -> dict:
+    """``tpu-pretrain plan`` for one row and target, in its own process; its saved plan (or why there is none)."""
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as folder:
+        saved = Path(folder) / "plan.json"
+        command = [sys.executable, "-m", "tpu_pretrain", "plan", "--tpu", target, *COMMON, *flags,
+                   "--train_batch_size", str(batch_for(target)), "--save", str(saved)]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            output, code = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            output, code = f"{exc.stdout or ''}\nstopped after {timeout:.0f} s", -1
+        plan = json.loads(saved.read_text()) if saved.is_file() else None
+    return {"row": name, "target": target, "exit": code, "seconds": time.perf_counter() - start, "plan": plan,
+            "output": output[-3000:]}
+
+
+def _gib(n) -> str:
+    return f"{n / GIB:.2f}" if n is not None else "-"
+
+
+def _total(step: dict) -> int | None:
+    return sum(step["memory"].values()) if step.get("memory") else step.get("used")
+
+
+def table(results: list[dict]) -> str:
+    """The README's table: one line per row and target."""
+    lines = ["| model, length | target | batch (per chip) | compile s | weights+opt / temporaries / total GiB per chip "
+             "| fits? (else the largest batch that does) | XLA FLOPs per chip-step / formula |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        p = r["plan"]
+        if p is None:
+            lines.append(f"| {r['row']} | {r['target']} | {batch_for(r['target'])} | - | - | "
+                         f"no plan (exit {r['exit']}) | - |")
+            continue
+        a, devices = p["asked"], p["devices"]
+        m = a.get("memory") or {}
+        memory = (f"{_gib(m['state'])} / {_gib(m['temporaries'])} / {_gib(_total(a))} of {a['capacity'] / GIB:.0f}"
+                  if m else f"needs {_gib(_total(a))} of {a['capacity'] / GIB:.0f}")
+        if a["error"] and not a.get("used"):
+            verdict = "does not compile"
+        elif _total(a) is not None and _total(a) <= a["capacity"]:
+            verdict = f"fits, {(a['capacity'] - _total(a)) / a['capacity']:.0%} free"
+        elif p.get("largest") and p["largest"]["memory"]:
+            best = p["largest"]
+            verdict = f"no: {best['batch']} ({best['batch'] // devices} per chip) fits"
+            if p.get("accumulated") and p["accumulated"]["memory"]:
+                verdict += f"; or accumulation {p['accumulated']['accumulation']}"
+        else:
+            verdict = "no: not one sequence per chip" if p.get("largest") is None else "no"
+        flops = "-"
+        if a.get("flops"):
+            formula = p["formula_flops"] * a["batch"] / devices
+            flops = f"{a['flops']:.3g} / {formula:.3g} ({a['flops'] / formula:.2f})"
+        lines.append(f"| {r['row']} | {r['target']} | {a['batch']} ({a['batch'] // devices}) | {a['seconds']:.0f} | "
+                     f"{memory} | {verdict} | {flops} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", nargs="+", default=["v5e-1", "v5e-8", "v6e-1"])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), help=f"of {', '.join(ROWS)}")
+    parser.add_argument("--results", default="bench_tpu_plan.jsonl", help="JSON lines, appended to and resumed from")
+    parser.add_argument("--timeout", type=float, default=7200.0, help="seconds for one row and target")
+    parser.add_argument("--smoke", action="store_true", help="a tiny BERT for each target")
+    parser.add_argument("--table", action="store_true", help="only print the table of the results there")
+    args = parser.parse_args(argv)
+    rows = SMOKE if args.smoke else {name: ROWS[name] for name in args.rows}
+    results_file = Path(args.results)
+    done = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.is_file() else []
+    if not args.table:
+        for name, flags in rows.items():
+            for target in args.targets:
+                if any(r["row"] == name and r["target"] == target for r in done):
+                    continue
+                result = plan_row(name, flags, target, args.timeout)
+                done.append(result)
+                with open(results_file, "a") as handle:
+                    handle.write(json.dumps(result) + "\n")
+                print(table([result]).splitlines()[-1], flush=True)
+    print(table([r for r in done if r["row"] in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The plan command: the training step ``train`` runs, compiled for a TPU from a machine without one.
+
+On the CPU (every JAX environment): the plan lowers the very function the trainer calls, from settings alone as from
+a data folder, with the same FLOPs formula; the search for the largest batch that fits, on the CPU's compiler with a
+small stated capacity. With the TPU compiler installed (``jax[tpu]``: the image-exact environments of ``make
+test-tpu-images``): a small configuration compiled for each free TPU through the real command line, and one that
+cannot fit on a v5e-1 reported with the largest batch that does.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+if importlib.util.find_spec("bert4keras") is not None:
+    pytest.skip("the JAX backend's Keras 3 cannot share a process with bert4keras's tf-keras", allow_module_level=True)
+
+from tpu_pretrain.config import Config  # noqa: E402
+from tpu_pretrain.core.resolve import RunPlan  # noqa: E402
+from tpu_pretrain.data.random_data import write_random_data_folder  # noqa: E402
+
+SEQ, PRED, VOCAB = 32, 5, 512
+TINY = dict(model_size="L2-H128", max_seq_length=SEQ, max_predictions_per_seq=PRED, vocab_size=VOCAB,
+            train_batch_size=8, num_train_steps=100, num_warmup_steps=10, steps_per_execution=2)
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_random_data_folder(tmp_path_factory.mktemp("plan") / "data", 64, SEQ, PRED, VOCAB).data_dir
+
+
+def trained_settings(data_dir, run) -> dict:
+    settings = {k: v for k, v in TINY.items() if k not in ("max_seq_length", "max_predictions_per_seq", "vocab_size")}
+    return dict(settings, data_dir=data_dir, output_dir=str(run), backend="jax", accelerator="cpu")
+
+
+def test_the_plan_lowers_the_function_the_trainer_calls_from_settings_alone(data_dir, tmp_path):
+    """A trainer planned from settings (no data folder) on devices it cannot touch lowers the training call to the
+    same program as the trainer that trains on the data, whose real input has the planned shapes and shardings;
+    both plans count the same FLOPs per sequence."""
+    import jax
+
+    from tpu_pretrain.jax_backend.devices import Devices
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    trainer = JaxTrainer(Config.load(**trained_settings(data_dir, tmp_path / "run")))
+    trainer.train_steps(2)  # one real call of steps_per_execution steps
+    pulled = trainer._prefetcher().take(2, idle=lambda: None)
+    real_input = trainer._stack([batch for _, batch in pulled])
+    planned_input = trainer.chunk_shapes(2)
+    assert {k: (v.shape, v.dtype, v.sharding) for k, v in real_input.items()} == \
+        {k: (v.shape, v.dtype, v.sharding) for k, v in planned_input.items()}
+    trained = trainer._train_chunk.lower(trainer.state, real_input).as_text()
+    assert trainer.lower_chunk(2).as_text() == trained
+    trainer.close()
+
+    settings = Config.load(**{**TINY, "output_dir": str(tmp_path / "plan"), "backend": "jax"})
+    planned = RunPlan.from_settings(settings)
+    from_data = trainer.plan
+    assert planned.model_config == from_data.model_config
+    assert planned.training_flops_per_sequence() == from_data.training_flops_per_sequence()
+    abstract = Devices("cpu", trainer.devices.devices, "float32", abstract=True)
+    plan_trainer = JaxTrainer(planned.config, devices=abstract, plan=planned)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(plan_trainer.state))
+    assert plan_trainer.lower_chunk(2).as_text() == trained
+
+
+def test_a_modernbert_is_planned_before_its_vocab_exists():
+    settings = Config.load(model_family="modernbert", model_size="L2-H128", max_seq_length=64,
+                           max_predictions_per_seq=20, vocab_size=1000)
+    planned = RunPlan.from_settings(settings)
+    assert planned.model_config.vocab_size == 1000 and planned.model_config.pad_token_id == 0
+    assert not planned.with_nsp and planned.data.max_seq_length == 64
+
+
+def test_what_does_not_fit_is_answered_with_the_largest_batch_that_does_found_by_compiling():
+    """On the CPU's compiler with a third of what batch 512 needs: 512 does not fit, the search names a batch that
+    its own compile says fits, and one step of the search's grain (8) more does not; the asked-for global batch is
+    kept with the gradient accumulation that fits, compiled too."""
+    import jax
+
+    from tpu_pretrain.jax_backend.devices import Devices
+    from tpu_pretrain.jax_backend.plan import compile_step, plan, report
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    settings = Config.load(**{**TINY, "train_batch_size": 512, "steps_per_execution": 1, "backend": "jax"})
+    large = plan(settings, "cpu", search=False, hbm_gib=1.0).asked
+    fixed = large.memory["state"] + large.memory["program"] + large.memory["output"]
+    capacity = fixed + (large.total - fixed) / 3
+    result = plan(settings, "cpu", hbm_gib=capacity / (1 << 30))
+    assert not result.fits and result.largest is not None and result.largest.fits
+    best = result.largest.batch
+    assert 8 <= best < 512 and len(result.compiles) <= 1 + 6 + 1, [c.batch for c in result.compiles]
+    planned = RunPlan.from_settings(settings)
+    trainer = JaxTrainer(planned.config, devices=Devices("cpu", jax.devices("cpu"), "float32"), plan=planned)
+    assert not compile_step(trainer, best + 8, 1, result.asked.capacity).fits
+    assert result.accumulated is not None and result.accumulated.fits and result.accumulated.batch == 512
+    assert 512 // result.accumulated.accumulation <= best
+    text = report(result)
+    assert "Does NOT fit" in text and f"train_batch_size {best:,}" in text
+    assert f"--gradient_accumulation_steps {result.accumulated.accumulation}" in text
+
+
+def plan_command(*flags: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", "plan", *flags], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def tiny_flags(**overrides) -> list[str]:
+    values = {**TINY, "steps_per_execution": 1, **overrides}
+    return [token for key, value in values.items() for token in (f"--{key}", str(value))]
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
+@pytest.mark.parametrize("tpu, devices", [("v5e-1", 1), ("v5e-8", 8), ("v6e-1", 1)])
+def test_a_small_configuration_compiles_for_each_free_tpu(tpu, devices, tmp_path):
+    saved = tmp_path / "plan.json"
+    done = plan_command("--tpu", tpu, *tiny_flags(train_batch_size=8 * devices), "--save", str(saved))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FITS" in done.stdout and "Traceback" not in done.stdout + done.stderr
+    plan = json.loads(saved.read_text())
+    asked = plan["asked"]
+    assert plan["devices"] == devices and plan["precision"] == "bfloat16"
+    assert asked["memory"]["state"] > 0 and asked["memory"]["temporaries"] > 0 and asked["capacity"] >= 16 << 30
+    # XLA's count of a step's FLOPs: the formula's matmuls plus what the formula leaves out (softmax, norms, the
+    # optimizer), never less than the formula.
+    formula = plan["formula_flops"] * asked["batch"] / devices
+    assert 1.0 <= asked["flops"] / formula < 1.6, (asked["flops"], formula)
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
+def test_an_absurd_batch_on_a_v5e_1_is_refused_with_the_largest_that_fits(tmp_path):
+    saved = tmp_path / "plan.json"
+    done = plan_command("--tpu", "v5e-1", *tiny_flags(train_batch_size=1 << 20, vocab_size=30522), "--save",
+                        str(saved), timeout=1800)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Does NOT fit" in done.stdout and "Traceback" not in done.stdout + done.stderr
+    plan = json.loads(saved.read_text())
+    assert plan["largest"]["memory"] and sum(plan["largest"]["memory"].values()) <= plan["largest"]["capacity"]
+    assert f"train_batch_size {plan['largest']['batch']:,}" in done.stdout
+
+
+def test_an_unknown_tpu_is_refused_with_the_choices(tmp_path):
+    done = plan_command("--tpu", "v9z-3", *tiny_flags(), timeout=120)
+    assert done.returncode == 2 and "v5e-1, v5e-8, v6e-1" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,380 @@
+"""``tpu-pretrain plan``: the training step ``train`` would run, compiled for a TPU that is not here.
+
+JAX describes a TPU slice without owning it (``jax.experimental.topologies``, with libtpu installed: ``pip install
+'jax[tpu]'`` works on any Linux x86-64 machine). The real trainer is built on the CPU, its state and input become
+shapes sharded over the slice's devices (:meth:`.trainer.JaxTrainer.lower_chunk`), and the TPU compiler compiles the
+very function a run calls: what it reports (memory per device, FLOPs) is the chip's answer, not an estimate. On a TPU
+VM the target ``local`` compiles for the chips present. When the settings do not fit, the largest per-device batch
+that does is found by compiling (a line through two compiles predicts it, compiles confirm it), and so is the gradient
+accumulation that keeps the asked-for global batch.
+
+One step per call is compiled (a longer ``lax.scan`` takes the compiler far longer and needs the same temporaries);
+the input of ``steps_per_execution`` steps, and the calls' worth the trainer places ahead, are added to the memory
+from their shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from ..config import Config
+from ..core.peaks import published_peak
+from ..core.resolve import RunPlan
+from ..core.tpu_targets import GIB, TpuTarget, tpu_target
+from ..errors import UserInputError
+from ..formatting import hms, human_bytes
+
+log = logging.getLogger(__name__)
+
+MFU_RANGE = (0.25, 0.50)  # Google's BERT-base on a v2-8 reached ~26% of peak, its MLPerf BERT ~50%
+MAX_SEARCH_COMPILES = 6
+# The TPU compiler's two out-of-memory messages: all buffers together, or one buffer alone (a lower bound).
+_OOM = re.compile(r"Used ([\d.]+)([KMGT]?)i?B? of ([\d.]+)([KMGT]?)i?B? hbm", re.IGNORECASE)
+_OOM_ONE = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass
+class StepCompile:
+    """What the compiler said of one training step: its memory per device and FLOPs, or why it did not compile."""
+
+    batch: int  # global train_batch_size
+    accumulation: int
+    seconds: float
+    capacity: int  # bytes one device can hold
+    memory: dict[str, int] = field(default_factory=dict)  # per device: state, input, temporaries, output, program
+    flops: float | None = None  # XLA's count, per device and step
+    error: str = ""  # the compiler's own message when it did not compile
+    used: int | None = None  # an out-of-memory error's bytes needed
+
+    @property
+    def total(self) -> int | None:
+        return sum(self.memory.values()) if self.memory else self.used
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.used is not None
+
+    @property
+    def fits(self) -> bool:
+        return not self.error and self.total is not None and self.total <= self.capacity
+
+
+@dataclass
+class Plan:
+    """The plan of one configuration for one target: the asked-for step, and what fits when it does not."""
+
+    target: str
+    devices: int
+    description: str  # the model, shapes and settings compiled
+    precision: str
+    asked: StepCompile
+    formula_flops: float  # the project's training FLOPs per sequence (the MFU numerator)
+    peak_flops: float | None  # every device's published peak together
+    num_train_steps: int
+    largest: StepCompile | None = None  # the largest batch that fits, when the asked one does not
+    accumulated: StepCompile | None = None  # the asked-for global batch with gradient accumulation, fitting
+    compiles: list[StepCompile] = field(default_factory=list)
+    versions: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.asked.fits
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS[unit.upper()])
+
+
+def oom_bytes(message: str) -> tuple[int, int] | None:
+    """``(needed, capacity)`` from the TPU compiler's out-of-memory message: "Used 46.93G of 15.75G hbm", or "Allocation
+    (size=N) would exceed memory (size=M)" (one buffer larger than the chip: the step needs at least that)."""
+    match = _OOM.search(message)
+    if match:
+        return _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4))
+    match = _OOM_ONE.search(message)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """libtpu's start-up warnings about a TPU VM's metadata (harmless without one) kept off the terminal; replayed
+    if what they accompanied fails."""
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            os.write(2, sink.read()[-4000:])
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def target_devices(target: TpuTarget | None, precision: str = "auto"):
+    """The :class:`.devices.Devices` to compile for: a described slice (``target``), or the TPU here (None)."""
+    import jax
+
+    from .devices import Devices, detect_devices, training_precision
+
+    if target is None:
+        devices = detect_devices("tpu", precision)
+        if devices.kind != "tpu":
+            raise UserInputError("--tpu local: no TPU here; name the TPU to plan for (--tpu v5e-1, v5e-8, v6e-1...).")
+        return devices
+    try:
+        from jax.experimental import topologies
+
+        with _quiet_stderr():
+            topology = topologies.get_topology_desc(topology_name=target.topology, platform="tpu",
+                                                    chips_per_host_bounds=target.chips_per_host)
+    except Exception as exc:  # no libtpu, or one that does not know this chip
+        raise UserInputError(
+            f"JAX {jax.__version__} cannot describe a {target.name} here ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}). Install the TPU compiler beside it: "
+            f"pip install 'jax[tpu]=={jax.__version__}' (Linux x86-64; any machine, no TPU needed).") from None
+    devices = list(topology.devices)
+    return Devices("tpu", devices, training_precision("tpu", devices, precision), abstract=True)
+
+
+def capacity_of(devices, target: TpuTarget | None) -> int:
+    """Bytes one device can hold: a present TPU says so itself, a described one by its published HBM."""
+    if target is not None:
+        return target.hbm_bytes
+    stats = devices.devices[0].memory_stats() or {}
+    return int(stats.get("bytes_limit", 0)) or int(16 * GIB)
+
+
+def compile_step(trainer, batch: int, accumulation: int, capacity: int) -> StepCompile:
+    """The trainer's training call (one step) compiled at global ``batch`` with ``accumulation`` micro-batches."""
+    t = trainer.config.train
+    t.train_batch_size, t.gradient_accumulation_steps = batch, accumulation
+    trainer._compile()  # the accumulation is traced into the step: a new jit
+    chunk = trainer.chunk_shapes(1)
+    input_bytes = sum(s.size * s.dtype.itemsize for s in chunk.values()) // trainer.devices.num_replicas
+    start = time.perf_counter()
+    try:
+        compiled = trainer.lower_chunk(1).compile()
+    except Exception as exc:  # the compiler's own error, reported as the plan's answer
+        message = str(exc).strip()
+        needed = oom_bytes(message)
+        if needed is None:
+            return StepCompile(batch, accumulation, time.perf_counter() - start, capacity,
+                               error=_first_lines(message))
+        used, compiler_capacity = needed
+        # the compiler measured the step without the input the trainer places ahead: add it as for a fitting step
+        ahead = input_bytes * _inputs_resident(trainer) - input_bytes
+        return StepCompile(batch, accumulation, time.perf_counter() - start, compiler_capacity or capacity,
+                           error="out of memory", used=used + ahead)
+    seconds = time.perf_counter() - start
+    stats = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    memory = {"state": stats.argument_size_in_bytes - input_bytes,
+              "input": input_bytes * _inputs_resident(trainer),
+              "temporaries": stats.temp_size_in_bytes,
+              "output": max(0, stats.output_size_in_bytes - stats.alias_size_in_bytes),
+              "program": stats.generated_code_size_in_bytes}
+    return StepCompile(batch, accumulation, seconds, capacity, memory=memory, flops=(cost or {}).get("flops"))
+
+
+def _inputs_resident(trainer) -> int:
+    """Batches on a device at once: a call's ``steps_per_execution`` and the calls placed ahead of it."""
+    return trainer.steps_per_execution * (1 + trainer.prefetch_chunks)
+
+
+def _first_lines(message: str, lines: int = 6) -> str:
+    kept = [line for line in message.splitlines() if line.strip()][:lines]
+    return "\n".join(kept)
+
+
+def largest_fitting(compile_at, asked: StepCompile, per_device: int, capacity: int) -> StepCompile | None:
+    """The largest per-device batch that fits, found by compiling: two compiles give the line that memory follows
+    in the batch (weights and optimizer state fixed, activations per sequence), the prediction is compiled, and a
+    batch that does not fit moves the search down. ``compile_at(per_device_batch)`` compiles one. None: not even
+    one sequence per device fits."""
+    grain = 8 if per_device >= 16 else 1
+    points = [(per_device, asked.total)]
+    best: StepCompile | None = None
+    low, high = 0, per_device  # fits at low (0: nothing known), not at high
+    candidate = max(1, int(per_device * 0.8 * capacity / asked.total)) if asked.total else 1
+    for _ in range(MAX_SEARCH_COMPILES):
+        candidate = max(low + 1, min(high - 1, candidate))
+        if candidate > grain:
+            candidate -= candidate % grain
+        if candidate <= low or candidate >= high:
+            break
+        result = compile_at(candidate)
+        if result.error and not result.out_of_memory:
+            return result  # not a memory matter: the compiler's error is the answer
+        points.append((candidate, result.total))
+        if result.fits:
+            low, best = candidate, result
+        else:
+            high = candidate
+        candidate = _predicted(points, capacity, low, high, grain)
+        if candidate is None:
+            break
+    return best
+
+
+def _predicted(points: list[tuple[int, int]], capacity: int, low: int, high: int, grain: int) -> int | None:
+    """The batch the line through the two nearest measurements says fills ``capacity``; None when the search is done
+    (no whole step of ``grain`` left between what fits and what does not)."""
+    if high - low <= grain or high - low <= 1:
+        return None
+    (b1, m1), (b2, m2) = sorted(points, key=lambda p: abs(p[1] - capacity))[:2]
+    if b1 == b2 or m1 == m2:
+        return (low + high) // 2
+    per = (m1 - m2) / (b1 - b2)
+    guess = int(b1 + (capacity - m1) / per) if per > 0 else (low + high) // 2
+    if guess <= low or guess >= high:
+        guess = (low + high) // 2
+    return guess
+
+
+def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float = 0.0) -> Plan:
+    """Compile ``config``'s training step for ``tpu`` (a target name, ``local``: the TPU here, or ``cpu``: this host's
+    devices, with ``hbm_gib``) and, when it does not fit, find what does. ``hbm_gib`` overrides the memory one
+    device is taken to hold."""
+    import jax
+
+    from .trainer import JaxTrainer
+
+    target = None if tpu in ("local", "cpu") else tpu_target(tpu)
+    if tpu == "cpu":  # this host's devices and XLA's CPU compiler: the search's small target in tests
+        from .devices import Devices
+
+        devices = Devices("cpu", jax.devices("cpu"), "float32")
+    else:
+        devices = target_devices(target, config.train.mixed_precision)
+    capacity = int(hbm_gib * GIB) if hbm_gib else capacity_of(devices, target)
+    run_plan = RunPlan.from_settings(config)
+    trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
+    t = trainer.config.train
+    batch, k, r = t.train_batch_size, t.gradient_accumulation_steps, devices.num_replicas
+    run_plan.batch_geometry(r)
+    compiles: list[StepCompile] = []
+
+    def compile_at(per_device: int, accumulation: int = k) -> StepCompile:
+        result = compile_step(trainer, per_device * r * accumulation, accumulation, capacity)
+        compiles.append(result)
+        log.info("  compiled %s: %s", _batch_text(result, r), _memory_text(result))
+        return result
+
+    asked = compile_at(batch // (r * k))
+    peak = published_peak(getattr(devices.devices[0], "device_kind", ""), devices.precision)
+    result = Plan(target=tpu if target is None else target.describe(), devices=r,
+                  description=describe_run(trainer), precision=devices.precision, asked=asked,
+                  formula_flops=run_plan.training_flops_per_sequence(), peak_flops=peak * r if peak else None,
+                  num_train_steps=t.num_train_steps, compiles=compiles,
+                  versions=f"jax {jax.__version__}, libtpu {_libtpu_version()}")
+    if search and not asked.fits and (asked.out_of_memory or not asked.error):
+        result.largest = largest_fitting(compile_at, asked, batch // (r * k), capacity)
+        largest = result.largest
+        if largest is not None and largest.fits:
+            micro = largest.batch // (r * k)
+            steps = next((a for a in range(k + 1, batch // r + 1)
+                          if batch % (r * a) == 0 and batch // (r * a) <= micro), None)
+            if steps is not None:
+                result.accumulated = compile_at(batch // (r * steps), steps)
+    trainer.close()
+    return result
+
+
+def _libtpu_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def describe_run(trainer) -> str:
+    """The settings the compiled step is made of."""
+    c, d, t, model = trainer.config, trainer.config.data, trainer.config.train, trainer.bert_config
+    family = "ModernBERT" if c.model.model_family == "modernbert" else "BERT"
+    heads = ("NSP + " if trainer.with_nsp else "") + "MLM"
+    return (f"{family} L{model.num_hidden_layers}-H{model.hidden_size} (vocab {model.vocab_size:,}), length "
+            f"{d.max_seq_length}, {d.max_predictions_per_seq} predictions, {heads}, {t.optimizer}, dropout "
+            f"{model.hidden_dropout_prob:g}, {trainer.steps_per_execution} step(s) per call")
+
+
+def _batch_text(s: StepCompile, devices: int) -> str:
+    per = s.batch // devices
+    accumulated = f" in {s.accumulation} micro-batches of {per // s.accumulation}" if s.accumulation > 1 else ""
+    return f"batch {s.batch:,} ({per:,} per device{accumulated})"
+
+
+def _memory_text(s: StepCompile) -> str:
+    if s.error and not s.out_of_memory:
+        return "did not compile"
+    verdict = "fits" if s.fits else "does NOT fit"
+    return f"{human_bytes(s.total)} of {human_bytes(s.capacity)} per device, {verdict} ({s.seconds:.0f} s to compile)"
+
+
+def report(p: Plan) -> str:
+    """The plan as the command prints it."""
+    a = p.asked
+    lines = [f"Plan for {p.target}: {p.description}; {p.precision}.",
+             f"Compiled by the TPU compiler ({p.versions}), not run on a TPU."]
+    if a.error and not a.out_of_memory:
+        lines.append("It does NOT compile for this TPU: the compiler says\n  " + a.error.replace("\n", "\n  "))
+        return "\n".join(lines)
+    lines.append(f"Batch: {_batch_text(a, p.devices)}.")
+    if a.memory:
+        m = {name: human_bytes(n) for name, n in a.memory.items()}
+        lines.append(f"Memory per device: weights and optimizer state {m['state']}, input {m['input']}, temporaries "
+                     f"{m['temporaries']}, program {human_bytes(a.memory['program'] + a.memory['output'])}: total "
+                     f"{human_bytes(a.total)} of {human_bytes(a.capacity)}.")
+    if a.fits:
+        free = a.capacity - a.total
+        lines.append(f"FITS, with {human_bytes(free)} ({free / a.capacity:.0%}) to spare.")
+    else:
+        lines.append(f"Does NOT fit: it needs {human_bytes(a.total)} per device, {human_bytes(a.total - a.capacity)} "
+                     f"more than the {human_bytes(a.capacity)} there.")
+        lines += _what_fits(p)
+    if a.flops:
+        per_step = p.formula_flops * a.batch / p.devices
+        lines.append(f"FLOPs per device and step: XLA counts {a.flops:.3g}, the formula {per_step:.3g} "
+                     f"(XLA/formula {a.flops / per_step:.2f}; MFU uses the formula).")
+    if p.peak_flops and a.fits:
+        low, high = (m * p.peak_flops / p.formula_flops for m in MFU_RANGE)
+        fast, slow = (hms(p.num_train_steps * a.batch / rate) for rate in (high, low))
+        lines.append(f"At {MFU_RANGE[0]:.0%}-{MFU_RANGE[1]:.0%} MFU of {p.peak_flops / 1e12:,.0f} TFLOP/s: "
+                     f"{low:,.0f}-{high:,.0f} sequences/s; {p.num_train_steps:,} steps in {fast} to {slow} (h:mm:ss).")
+    return "\n".join(lines)
+
+
+def _what_fits(p: Plan) -> list[str]:
+    if p.largest is None:
+        return ["Not even one sequence per device fits: choose a smaller model or sequence length, or a TPU with more "
+                "memory per chip."]
+    if not p.largest.fits:
+        return [f"The search stopped at a compile error: {p.largest.error}"]
+    best = p.largest
+    lines = [f"The largest batch that fits (compiled): train_batch_size {best.batch:,} "
+             f"({best.batch // p.devices:,} per device), {human_bytes(best.total)} of {human_bytes(best.capacity)}."]
+    acc = p.accumulated
+    if acc is not None and acc.fits:
+        lines.append(f"To keep train_batch_size {p.asked.batch:,}: --gradient_accumulation_steps {acc.accumulation} "
+                     f"(compiled: {human_bytes(acc.total)} per device).")
+    elif acc is not None:
+        lines.append(f"train_batch_size {p.asked.batch:,} with --gradient_accumulation_steps {acc.accumulation} does "
+                     f"not fit either ({_memory_text(acc)}).")
+    return lines
