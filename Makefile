@@ -14,7 +14,8 @@ TPU_STACK_TESTS := tests/tf_backend/test_model.py tests/tf_backend/test_training
 	tests/test_tpu_stack.py
 TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
-.PHONY: install test test-tpu-stack lint demo clean install-jax-stack test-jax-stack
+.PHONY: install test test-tpu-stack lint demo clean install-jax-stack test-jax-stack install-tpu-images \
+	test-tpu-images
 
 install: $(STAMP)
 
@@ -68,8 +69,26 @@ test-jax-stack: $(JAX_STAMP)
 
 test: test-jax-stack
 
+# -- The free TPUs' images, package for package, on the CPU: .venv-colab (Python 3.13) and .venv-kaggle (3.12) -------
+# Each built from its pins (tests/environments/*.txt) with the project installed into it as a user would; there the
+# training step is compiled for v5e-1, v5e-8 and v6e-1 by the image's own TPU compiler (the plan command), and the
+# TPU notebook of that platform runs on a simulated TPU runtime (CPU devices standing in for the chips).
+IMAGE_TESTS := tests/jax_backend/test_plan.py tests/test_notebooks.py -k "plan or tpu_image"
+
+.venv-%/.installed: tests/environments/%_tpu.txt scripts/build_image_env.py setup.cfg pyproject.toml
+	$(PYTHON) scripts/build_image_env.py .venv-$* $<
+	touch $@
+
+install-tpu-images: .venv-colab/.installed .venv-kaggle/.installed
+
+test-tpu-images: install-tpu-images
+	TPU_PRETRAIN_IMAGE=colab .venv-colab/bin/python -m pytest -q -ra -p no:cacheprovider $(IMAGE_TESTS)
+	TPU_PRETRAIN_IMAGE=kaggle .venv-kaggle/bin/python -m pytest -q -ra -p no:cacheprovider $(IMAGE_TESTS)
+
+test: test-tpu-images
+
 demo: $(STAMP)
 	$(BIN)/tpu-pretrain demo --output_dir demo_run
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(JAX_VENV) demo_run .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(TPU_VENV) $(JAX_VENV) .venv-colab .venv-kaggle demo_run .pytest_cache .ruff_cache *.egg-info

@@ -171,6 +171,39 @@ def assert_jax_without_tensorflow(workdir: Path, printed: str) -> None:
     assert not (workdir / "cache" / "tpu-venv").exists()
 
 
+# The image-exact environments (make test-tpu-images): each platform's TPU notebook, its plan compiled by the image's
+# own TPU compiler for the TPU the runtime names, then training on CPU devices standing in for the chips.
+IMAGE_NOTEBOOK = {"colab": ("03_train_colab_tpu.ipynb", "colab_tpu", "v5e-1"),
+                  "kaggle": ("04_train_kaggle_tpu.ipynb", "kaggle_tpu", "v5e-8")}
+
+
+@pytest.mark.skipif(os.environ.get("TPU_PRETRAIN_IMAGE") not in IMAGE_NOTEBOOK,
+                    reason="in the image-exact environments (make test-tpu-images)")
+def test_the_tpu_image_notebook_checks_its_plan_then_trains(runtimes):
+    from tpu_pretrain.config import Config
+    from tpu_pretrain.data.create import create_pretraining_data
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+    from tpu_pretrain.data.vocab import build_vocab
+
+    name, runtime, target = IMAGE_NOTEBOOK[os.environ["TPU_PRETRAIN_IMAGE"]]
+    root = runtimes.kaggle_input / "prepared"
+    corpus = write_sample_corpus(root / "corpus.txt", max_chars=60_000)
+    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5, output_dir=str(root)))
+    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
+                                        recipe="modern", max_seq_length=64, dupe_factor=1, num_shards=2,
+                                        eval_fraction=0.05, workers=1))
+    workdir, output = runtimes.run(name, "train", runtime, data_dir=str(root / "data"),
+                                   project_dir=str(runtimes.drive / "tpu_pretrain"), **TINY_TRAINING)
+    printed = outputs(output)
+    assert_jax_without_tensorflow(workdir, printed)
+    assert f"Plan for {target}" in printed and "FITS" in printed and "Compiled by the TPU compiler" in printed
+    assert list((runtimes.drive / "tpu_pretrain" / "runs" / "bert" / "checkpoints").glob("ckpt-000000006"))
+    if runtime == "colab_tpu":  # before switching to a TPU runtime: 00 on a CPU runtime plans for the chosen TPU
+        _, output = runtimes.run("00_setup.ipynb", "setup", "colab", project_dir=str(runtimes.drive / "tpu_pretrain"),
+                                 model_size="L2-H128", train_batch_size=8, max_seq_length=64, plan_for_tpu="v5e-1")
+        assert "Plan for v5e-1" in outputs(output) and "Planned for a v5e-1: these settings fit" in outputs(output)
+
+
 @pytest.mark.slow
 def test_the_colab_tpu_path_each_notebook_on_a_fresh_runtime(runtimes, bucket):
     """Colab: data on a CPU runtime, training and resume on a TPU runtime with the image's JAX, the modern recipe."""

@@ -44,11 +44,14 @@ def runtime() -> str:
     return LOCAL
 
 
+def tpu_chips_present() -> bool:
+    """TPU chips on this machine: their device files (what libtpu opens), whatever the environment says."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
 def tpu_vm_present() -> bool:
     """True on a TPU VM (TPU device files or the runtime's variables), whatever TensorFlow can see."""
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-        return True
-    return any(os.environ.get(k) for k in TPU_ENVIRONMENT)
+    return tpu_chips_present() or any(os.environ.get(k) for k in TPU_ENVIRONMENT)
 
 
 @contextmanager

@@ -129,6 +129,7 @@ def test_a_small_configuration_compiles_for_each_free_tpu(tpu, devices, tmp_path
     assert asked["memory"]["state"] > 0 and asked["memory"]["temporaries"] > 0 and asked["capacity"] >= 16 << 30
     # XLA's count of a step's FLOPs: the formula's matmuls plus what the formula leaves out (softmax, norms, the
     # optimizer), never less than the formula.
+    assert asked["memory"]["output"] < 1 << 20  # the donated state is updated in place: only the statistics are new
     formula = plan["formula_flops"] * asked["batch"] / devices
     assert 1.0 <= asked["flops"] / formula < 1.6, (asked["flops"], formula)
 
@@ -148,3 +149,9 @@ def test_an_absurd_batch_on_a_v5e_1_is_refused_with_the_largest_that_fits(tmp_pa
 def test_an_unknown_tpu_is_refused_with_the_choices(tmp_path):
     done = plan_command("--tpu", "v9z-3", *tiny_flags(), timeout=120)
     assert done.returncode == 2 and "v5e-1, v5e-8, v6e-1" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
+def test_float16_is_refused_for_a_tpu():
+    done = plan_command("--tpu", "v5e-8", *tiny_flags(mixed_precision="float16"), timeout=300)
+    assert done.returncode == 2 and "TPUs compute bfloat16 natively" in done.stderr, done.stdout + done.stderr

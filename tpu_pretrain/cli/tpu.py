@@ -67,10 +67,20 @@ def _tpu_env(config: Config, args: argparse.Namespace) -> int:
     return environment.run(command_args) if command_args else EXIT_OK
 
 
+def default_target() -> str:
+    """What ``plan`` compiles for when not told: the chips here (``local``), the TPU a runtime declares, else v5e-1."""
+    from ..core.tpu_targets import target_of_accelerator_type
+    from ..runtime import tpu_chips_present
+
+    if tpu_chips_present():
+        return "local"
+    return target_of_accelerator_type(os.environ.get("TPU_ACCELERATOR_TYPE", "")) or "v5e-1"
+
+
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpu", default="", help="The TPU to compile for: v5e-1 (Colab's free TPU), v5e-8 "
-                        "(Kaggle's), v6e-1, v5e-4, v6e-8, v5p-8, v3-8, v2-8, v5e-16, v5e-32; local: the TPU here "
-                        "(default: local on a TPU VM, else v5e-1).")
+                        "(Kaggle's), v6e-1, v5e-4, v6e-8, v5p-8, v3-8, v2-8, v5e-16, v5e-32; local: the chips here "
+                        "(default: the chips here, else the TPU the runtime names, else v5e-1).")
     parser.add_argument("--hbm_gib", type=float, default=0.0, help="Memory per device to plan for, GiB (default: "
                         "the chip's published HBM).")
     parser.add_argument("--no_search", action="store_true", help="Only the step asked for: when it does not fit, "
@@ -86,9 +96,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan(config: Config, args: argparse.Namespace) -> int:
     import json
 
-    from ..runtime import tpu_vm_present
-
-    tpu = args.tpu or ("local" if tpu_vm_present() else "v5e-1")
+    tpu = args.tpu or default_target()
     if tpu != "local":  # the model is built here on the CPU and the TPU is described: no chip for libtpu to guard
         for name, value in (("JAX_PLATFORMS", "cpu"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
                             ("TPU_STDERR_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3")):

@@ -63,3 +63,11 @@ def tpu_target(name: str) -> TpuTarget:
         raise UserInputError(f"--tpu {name}: not a TPU this tool can plan for. Choose one of "
                              f"{', '.join(TARGETS)} (free: {', '.join(FREE)}).")
     return TARGETS[key]
+
+
+def target_of_accelerator_type(accelerator_type: str) -> str | None:
+    """The target a TPU VM's ``TPU_ACCELERATOR_TYPE`` names (``v5litepod-8`` -> ``v5e-8``), if it is one of ours."""
+    chip, _, count = (accelerator_type or "").strip().lower().partition("-")
+    name = f"{ {'v5litepod': 'v5e', 'v6e': 'v6e', 'v5p': 'v5p', 'v3': 'v3', 'v2': 'v2'}.get(chip, chip)}-{count}"
+    return name if name in TARGETS else None
+

@@ -342,6 +342,9 @@ def report(p: Plan) -> str:
         lines.append(f"Memory per device: weights and optimizer state {m['state']}, input {m['input']}, temporaries "
                      f"{m['temporaries']}, program {human_bytes(a.memory['program'] + a.memory['output'])}: total "
                      f"{human_bytes(a.total)} of {human_bytes(a.capacity)}.")
+    if a.memory and a.memory["output"] > (1 << 20):  # more than the statistics: the donated state was copied
+        lines.append(f"The step's state is NOT updated in place: {human_bytes(a.memory['output'])} of outputs do not "
+                     "alias the donated inputs (a bug to report).")
     if a.fits:
         free = a.capacity - a.total
         lines.append(f"FITS, with {human_bytes(free)} ({free / a.capacity:.0%}) to spare.")

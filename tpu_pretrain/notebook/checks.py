@@ -15,8 +15,13 @@ def check_accelerator(params: Parameters) -> str:
     and batch, sequences/s and MFU, saved to ``project_dir/accelerator_check.json``; TensorFlow: its TPU
     environment installed and the TPU probed)."""
     if not tpu_vm_present():
-        return (describe_runtime() + " No TPU here: training uses " + ("the GPU(s)." if "GPU" in describe_runtime()
+        said = (describe_runtime() + " No TPU here: training uses " + ("the GPU(s)." if "GPU" in describe_runtime()
                 else "the CPU (fine for the quickstart; for real pretraining pick a TPU runtime)."))
+        if params.get("plan_for_tpu", ""):
+            from .steps import plan_for_tpu
+
+            said += "\n" + plan_for_tpu(params, params.get("plan_for_tpu"))
+        return said
     if not params.get("probe_tpu", True):
         return "TPU VM found; probe skipped."
     from ..backend import JAX

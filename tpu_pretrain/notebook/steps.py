@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import storage
 from ..backend import AUTO, TENSORFLOW
-from ..cli import EXIT_STOPPED_EARLY
+from ..cli import EXIT_FAILED, EXIT_STOPPED_EARLY
 from ..config import TRAIN, step_settings
 from ..errors import UserInputError
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
@@ -75,12 +75,12 @@ def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seco
     """
     mirror, run_dir = places.run_mirror(params), places.local_run_dir(params)
     fetch_if_missing(run_dir, resume_from or places.run_source(params))
-    arguments = ["train", "--data_dir", places.local_data(data_dir), "--output_dir", run_dir]
-    if run_dir != mirror:
-        arguments += ["--mirror_dir", mirror]
     backend = params.get("backend", AUTO)
-    arguments += settings_flags(params, backend=backend)
+    run_flags = ["--data_dir", places.local_data(data_dir), "--output_dir", run_dir, *settings_flags(params, backend)]
+    arguments = ["train", *run_flags, *(["--mirror_dir", mirror] if run_dir != mirror else [])]
     print(f"Training run {params.run_name!r} in {run_dir}" + (f", mirrored to {mirror}" if run_dir != mirror else ""))
+    if tpu_vm_present() and backend != TENSORFLOW:
+        check_fits(run_flags)
     if run_dir != mirror:
         sign_in_to_delete_for_good(mirror)
     returncode = run(arguments, backend, LiveCurves(run_dir), refresh_seconds)
@@ -90,6 +90,36 @@ def train(params: Parameters, data_dir: str, resume_from: str = "", refresh_seco
     elif returncode:
         raise UserInputError(f"Training failed (exit {returncode}); its last messages are above.")
     return run_dir
+
+
+def check_fits(train_flags: list[str]) -> None:
+    """The run's step compiled for this runtime's TPU before the first step (``tpu-pretrain plan``, the real compile on
+    the chips): settings that cannot fit stop here with the batch that does, not after the TPU's set-up."""
+    print("Checking that these settings fit the TPU (one compile of the training step)...", flush=True)
+    returncode = run(["plan", *train_flags])
+    if returncode == EXIT_FAILED:
+        raise UserInputError("These settings do not fit this TPU's memory: the plan above names the train_batch_size "
+                             "(or gradient_accumulation_steps) that does. Set it in the parameters and run again.")
+    if returncode:
+        print("Could not check the fit (the messages above say why); training goes on, and says so if it does not.")
+
+
+def plan_for_tpu(params: Parameters, tpu: str) -> str:
+    """On a runtime without a TPU: the run's settings compiled for ``tpu`` (``tpu-pretrain plan``), the TPU compiler
+    installed first on Colab and Kaggle (pip's ``jax[tpu]`` of the installed JAX), so the TPU runtime starts with
+    settings known to fit."""
+    if importlib.util.find_spec("libtpu") is None:
+        from importlib import metadata
+
+        wanted = f"jax[tpu]=={metadata.version('jax')}"
+        if runtime() not in (COLAB, KAGGLE):
+            return f"To plan for a {tpu} here, install the TPU compiler (pip install '{wanted}') and run this again."
+        print(f"Installing the TPU compiler ({wanted}) to plan for a {tpu}...", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", wanted], check=True)
+    shapes = [f"--{name}={params.get(name)}" for name in ("max_seq_length",) if params.get(name, "")]
+    returncode = run(["plan", "--tpu", tpu, *settings_flags(params, backend="jax"), *shapes])
+    return {0: f"Planned for a {tpu}: these settings fit (above).", EXIT_FAILED: f"These settings do NOT fit a {tpu}: "
+            "the plan above names what does."}.get(returncode, f"Could not plan for a {tpu}: see above.")
 
 
 def how_to_continue(params: Parameters) -> str:
