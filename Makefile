@@ -73,7 +73,7 @@ test: test-jax-stack
 # Each built from its pins (tests/environments/*.txt) with the project installed into it as a user would; there the
 # training step is compiled for v5e-1, v5e-8 and v6e-1 by the image's own TPU compiler (the plan command), and the
 # TPU notebook of that platform runs on a simulated TPU runtime (CPU devices standing in for the chips).
-IMAGE_TESTS := tests/jax_backend/test_plan.py tests/test_notebooks.py -k "plan or tpu_image"
+IMAGE_TESTS := tests/jax_backend/test_plan.py tests/test_notebooks.py -m tpu_image
 
 .venv-%/.installed: tests/environments/%_tpu.txt scripts/build_image_env.py setup.cfg pyproject.toml
 	$(PYTHON) scripts/build_image_env.py .venv-$* $<

@@ -177,6 +177,7 @@ IMAGE_NOTEBOOK = {"colab": ("03_train_colab_tpu.ipynb", "colab_tpu", "v5e-1"),
                   "kaggle": ("04_train_kaggle_tpu.ipynb", "kaggle_tpu", "v5e-8")}
 
 
+@pytest.mark.tpu_image
 @pytest.mark.skipif(os.environ.get("TPU_PRETRAIN_IMAGE") not in IMAGE_NOTEBOOK,
                     reason="in the image-exact environments (make test-tpu-images)")
 def test_the_tpu_image_notebook_checks_its_plan_then_trains(runtimes):

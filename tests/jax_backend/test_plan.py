@@ -29,6 +29,12 @@ TINY = dict(model_size="L2-H128", max_seq_length=SEQ, max_predictions_per_seq=PR
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 
+def with_tpu_compiler(test):
+    """A test of the TPU compiler: run by the image-exact environments, skipped where libtpu is not installed."""
+    needs = pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
+    return pytest.mark.tpu_image(needs(test))
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return write_random_data_folder(tmp_path_factory.mktemp("plan") / "data", 64, SEQ, PRED, VOCAB).data_dir
@@ -106,6 +112,21 @@ def test_what_does_not_fit_is_answered_with_the_largest_batch_that_does_found_by
     assert f"--gradient_accumulation_steps {result.accumulated.accumulation}" in text
 
 
+def test_the_tpu_compilers_out_of_memory_messages_are_read():
+    from tpu_pretrain.jax_backend.plan import oom_bytes
+
+    gib = 1 << 30
+    assert oom_bytes("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+                     "Used 20.50G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (int(20.5 * gib),
+                                                                                      int(15.75 * gib))
+    assert oom_bytes("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
+                     "required for HLO temporaries (167.02G) exceeds available HBM (15.75G). HLO module: jit__chunk."
+                     ) == (int(167.02 * gib), int(15.75 * gib))
+    assert oom_bytes("RESOURCE_EXHAUSTED: Allocation (size=160054640640) would exceed memory (size=17179869184) :: "
+                     "#allocation1352") == (160054640640, 17179869184)
+    assert oom_bytes("INVALID_ARGUMENT: some other error") is None
+
+
 def plan_command(*flags: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tpu_pretrain", "plan", *flags], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -116,8 +137,8 @@ def tiny_flags(**overrides) -> list[str]:
     return [token for key, value in values.items() for token in (f"--{key}", str(value))]
 
 
-@pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
 @pytest.mark.parametrize("tpu, devices", [("v5e-1", 1), ("v5e-8", 8), ("v6e-1", 1)])
+@with_tpu_compiler
 def test_a_small_configuration_compiles_for_each_free_tpu(tpu, devices, tmp_path):
     saved = tmp_path / "plan.json"
     done = plan_command("--tpu", tpu, *tiny_flags(train_batch_size=8 * devices), "--save", str(saved))
@@ -134,7 +155,8 @@ def test_a_small_configuration_compiles_for_each_free_tpu(tpu, devices, tmp_path
     assert 1.0 <= asked["flops"] / formula < 1.6, (asked["flops"], formula)
 
 
-@pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
+@with_tpu_compiler
+@pytest.mark.skipif(os.environ.get("TPU_PRETRAIN_IMAGE") == "kaggle", reason="searched once, in the Colab image")
 def test_an_absurd_batch_on_a_v5e_1_is_refused_with_the_largest_that_fits(tmp_path):
     saved = tmp_path / "plan.json"
     done = plan_command("--tpu", "v5e-1", *tiny_flags(train_batch_size=1 << 20, vocab_size=30522), "--save",
@@ -146,12 +168,13 @@ def test_an_absurd_batch_on_a_v5e_1_is_refused_with_the_largest_that_fits(tmp_pa
     assert f"train_batch_size {plan['largest']['batch']:,}" in done.stdout
 
 
+@pytest.mark.tpu_image
 def test_an_unknown_tpu_is_refused_with_the_choices(tmp_path):
     done = plan_command("--tpu", "v9z-3", *tiny_flags(), timeout=120)
     assert done.returncode == 2 and "v5e-1, v5e-8, v6e-1" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.skipif(not HAS_LIBTPU, reason="needs the TPU compiler (jax[tpu]): make test-tpu-images")
+@with_tpu_compiler
 def test_float16_is_refused_for_a_tpu():
     done = plan_command("--tpu", "v5e-8", *tiny_flags(mixed_precision="float16"), timeout=300)
     assert done.returncode == 2 and "TPUs compute bfloat16 natively" in done.stderr, done.stdout + done.stderr

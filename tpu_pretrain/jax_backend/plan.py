@@ -35,8 +35,11 @@ log = logging.getLogger(__name__)
 
 MFU_RANGE = (0.25, 0.50)  # Google's BERT-base on a v2-8 reached ~26% of peak, its MLPerf BERT ~50%
 MAX_SEARCH_COMPILES = 6
-# The TPU compiler's two out-of-memory messages: all buffers together, or one buffer alone (a lower bound).
+# The TPU compiler's out-of-memory messages: all buffers together; the temporaries alone; one buffer alone (the last
+# two are lower bounds of what the step needs).
 _OOM = re.compile(r"Used ([\d.]+)([KMGT]?)i?B? of ([\d.]+)([KMGT]?)i?B? hbm", re.IGNORECASE)
+_OOM_TEMPORARIES = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)i?B?\) exceeds available HBM "
+                              r"\(([\d.]+)([KMGT]?)i?B?\)", re.IGNORECASE)
 _OOM_ONE = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -99,7 +102,7 @@ def _bytes(number: str, unit: str) -> int:
 def oom_bytes(message: str) -> tuple[int, int] | None:
     """``(needed, capacity)`` from the TPU compiler's out-of-memory message: "Used 46.93G of 15.75G hbm", or "Allocation
     (size=N) would exceed memory (size=M)" (one buffer larger than the chip: the step needs at least that)."""
-    match = _OOM.search(message)
+    match = _OOM.search(message) or _OOM_TEMPORARIES.search(message)
     if match:
         return _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4))
     match = _OOM_ONE.search(message)
@@ -310,9 +313,12 @@ def describe_run(trainer) -> str:
     c, d, t, model = trainer.config, trainer.config.data, trainer.config.train, trainer.bert_config
     family = "ModernBERT" if c.model.model_family == "modernbert" else "BERT"
     heads = ("NSP + " if trainer.with_nsp else "") + "MLM"
+    dropout = getattr(model, "hidden_dropout_prob", None)
+    if dropout is None:  # ModernBERT's: embeddings, attention and MLP, set together by hidden_dropout_prob
+        dropout = max(model.embedding_dropout, model.attention_dropout, model.mlp_dropout)
     return (f"{family} L{model.num_hidden_layers}-H{model.hidden_size} (vocab {model.vocab_size:,}), length "
             f"{d.max_seq_length}, {d.max_predictions_per_seq} predictions, {heads}, {t.optimizer}, dropout "
-            f"{model.hidden_dropout_prob:g}, {trainer.steps_per_execution} step(s) per call")
+            f"{dropout:g}, {trainer.steps_per_execution} step(s) per call")
 
 
 def _batch_text(s: StepCompile, devices: int) -> str:
