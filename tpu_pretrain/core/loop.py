@@ -215,6 +215,8 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     plan = trainer.plan
     identity = run_identity(plan.config, plan.model_config, plan.data)
     run.check_can_resume(identity)
+    if getattr(manager, "mirror", None) is not None:
+        manager.mirror.claim(identity)  # before a checkpoint is fetched from it: the copy must be this run's
     restored = manager.restore_latest(set_aside_damaged)
     _follow_schedule(trainer, restored.metadata.get("lr_schedule") if restored else None)
     if trainer.is_chief:
