@@ -22,12 +22,10 @@ import errno
 import json
 import logging
 import math
-import multiprocessing
 import os
 import random
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from tqdm.auto import tqdm
 
 from ..config import DATA, Config, pinned_settings
 from ..config_checks import max_predictions
-from ..errors import UserInputError
+from ..errors import CommandFailed, UserInputError
 from ..runtime import sigterm_as_interrupt
 from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
@@ -45,6 +43,7 @@ from .corpus import CorpusReader
 from .corpus_tables import TableFile, table_input
 from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats, sha256_file
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
+from .shard_pool import ShardPool, WorkerDied, how_it_ended
 from .tokenizer_json import is_tokenizer_json
 from .vocab import load_vocab, vocab_copy_name, vocab_sha256, vocab_source
 
@@ -165,7 +164,8 @@ def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: f
     return manifest
 
 
-def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool=None) -> dict[str, ShardStats]:
+def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool: ShardPool | None = None
+                  ) -> dict[str, ShardStats]:
     """Every shard's statistics: complete shards are verified once and kept, the others (re)written (by ``pool``'s
     workers if one was started, else by as many as there are shards to write, up to ``workers``)."""
     shards = {task.name: shard_complete(out, task.name) for task in tasks}
@@ -179,33 +179,36 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool=None) ->
         log.info("Writing %d shard(s)%s...", len(pending), " in worker processes" if pool else "")
         bar = stack.enter_context(tqdm(total=len(pending), unit="shard", desc="shards", disable=None))
         written = pool.imap_unordered(write_shard, pending) if pool else map(write_shard, pending)
-        for stats in written:
-            shards[stats.file] = stats
-            bar.update()
+        try:
+            for stats in written:
+                shards[stats.file] = stats
+                bar.update()
+        except WorkerDied as died:
+            pool.close()
+            for partial in out.glob("*.tfrecord.tmp"):  # the stopped workers' unfinished shards
+                partial.unlink(missing_ok=True)
+            raise _worker_died(died, out, len(tasks), sum(s is not None for s in shards.values()),
+                               _worker_count(workers, len(pending))) from None
     return shards
+
+
+def _worker_died(died: WorkerDied, out: Path, total: int, complete: int, workers: int) -> CommandFailed:
+    where = f"while writing {died.task.name}" if died.task is not None else "between shards"
+    memory = died.exitcode == -signal.SIGKILL
+    cause = ("most likely the system ran out of memory and the kernel's out-of-memory killer ended it (`dmesg` "
+             "says so)" if memory else "see the messages above")
+    fix = f"with fewer --workers (now {workers}) or more memory" if memory else "once the cause is fixed"
+    return CommandFailed(
+        f"A worker process {how_it_ended(died.exitcode)} {where} in {out}: {cause}. The {complete} complete "
+        f"shard(s) of {total} are kept; run the same command again, {fix}, to write the rest.")
 
 
 def _worker_count(workers: int, shards: int) -> int:
     return min(workers or os.cpu_count() or 1, shards)
 
 
-def _worker_pool(stack: contextlib.ExitStack, workers: int):
-    with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
-        return stack.enter_context(multiprocessing.get_context("spawn").Pool(
-            workers, initializer=worker_init, initargs=(workers,)))
-
-
-@contextlib.contextmanager
-def _ctrl_c_ignored():
-    """SIGINT ignored while worker processes start (they keep that; this process handles Ctrl-C and stops them)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def _worker_pool(stack: contextlib.ExitStack, workers: int) -> ShardPool:
+    return stack.enter_context(ShardPool(workers, worker_init, (workers,)))
 
 
 def auto_num_shards(corpus_bytes: int) -> int:
