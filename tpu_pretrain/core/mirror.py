@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from .. import storage
-from ..errors import UserInputError
 from ..formatting import human_bytes
 from ..storage import TransferOptions, drive
 from ..storage.errors import InsufficientSpaceError, failure_cause
@@ -39,7 +38,8 @@ from .checkpoints import (
     list_checkpoints,
     step_of,
 )
-from .run_folder import CHECKPOINTS, CONFIG, IDENTITY, MIRRORED, RunFolder, describe_run, identity_differences, same_run
+from .mirror_owner import check_fetch_target, keep_claim
+from .run_folder import CHECKPOINTS, CONFIG, MIRRORED, RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class CheckpointMirror:
     def _pass(self) -> None:
         with self._lock:
             try:
-                self._claim_copy()
+                keep_claim(self.url, self.run)  # before a checkpoint goes there, and before any is pruned
                 self._copy_newest()
                 self._prune()
                 self._sync_run_files()
@@ -116,60 +116,6 @@ class CheckpointMirror:
                 (log.debug if _gist(self.error) == said else log.warning)(  # a failure that repeats is said once
                     "The durable copy at %s failed (%s): %s", self.url, CAUSES.get(self.cause, "see why"), self.error)
             self._record_state()
-
-    def _claim_copy(self) -> None:
-        """Before a checkpoint goes there: the copy names this run (its run.json, first), and still does (another
-        run given the same mirror_dir since must not have its checkpoints pruned by this one)."""
-        ours, theirs = self.run.read_identity(), self._recorded_identity()
-        if ours is None:
-            return
-        if theirs is None:
-            storage.write_text(storage.join(self.url, IDENTITY), self.run.identity_file.read_text())
-        elif not same_run(ours, theirs):
-            raise RuntimeError(f"it holds the checkpoints of another run ({describe_run(theirs)}, not this "
-                               f"{describe_run(ours)}): nothing of it is copied over or pruned")
-
-    def _recorded_identity(self) -> dict | None:
-        """The run.json of the run whose checkpoints the copy holds, or None when it holds none."""
-        path = storage.join(self.url, IDENTITY)
-        return json.loads(storage.read_text(path)) if storage.exists(path) else None
-
-    def claim(self, identity: dict) -> None:
-        """At a start, before anything is fetched: refuse a copy that holds another run's checkpoints (a run never
-        adopts, and never prunes, what another run wrote). A folder no run has started in continues the run the
-        copy holds when its settings are that run's (a fresh runtime resuming), and no other."""
-        try:
-            theirs = self._recorded_identity()
-            unknown = theirs is None and bool(self.complete_steps())
-        except Exception as exc:  # unreachable now: each pass checks again before it writes or prunes
-            log.warning("Cannot read the durable copy at %s to check whose checkpoints it holds: %s", self.url, exc)
-            return
-        ours = self.run.read_identity()
-        if theirs is None and not unknown:
-            return
-        if theirs is not None and ours is not None and same_run(ours, theirs):
-            return
-        differences = identity_differences(theirs, identity) if theirs is not None else ["run.json missing there"]
-        if ours is None and not differences:
-            self.run.adopt_identity(theirs)
-            log.info("Continuing %s from its durable copy at %s.", describe_run(theirs), self.url)
-            return
-        raise UserInputError(self._other_run(theirs, ours, differences))
-
-    def _other_run(self, theirs: dict | None, ours: dict | None, differences: list[str]) -> str:
-        try:
-            their_dir = json.loads(storage.read_text(storage.join(self.url, CONFIG)))["storage"]["output_dir"]
-        except Exception:
-            their_dir = "its own output_dir"
-        steps = self.complete_steps()
-        which = describe_run(theirs) if theirs is not None else "a run that left no run.json there"
-        this = describe_run(ours) if ours is not None else "a new run"
-        return (f"The durable copy at {self.url} holds the checkpoints of another run ({which}, output_dir "
-                f"{their_dir}; up to step {steps[-1] if steps else '?'}; {'; '.join(differences[:4])}), and this is "
-                f"{this} in {self.run.path}. A run never adopts or prunes another run's checkpoints: nothing was "
-                f"fetched or deleted. To continue that run, run train with --output_dir {their_dir} (its own folder, "
-                f"or an empty one with its settings) and --mirror_dir {self.url}; to start this one, give it a "
-                "--mirror_dir of its own (or none).")
 
     def _copy_newest(self) -> None:
         local = list_checkpoints(self.run.checkpoints)
@@ -438,11 +384,7 @@ def fetch_run(mirror: str, run_dir: str | os.PathLike, options: TransferOptions 
     if not storage.exists(storage.join(mirror, CONFIG)):
         return False
     run = RunFolder(run_dir)
-    ours, remote = run.read_identity(), storage.join(mirror, IDENTITY)
-    theirs = json.loads(storage.read_text(remote)) if storage.exists(remote) else None
-    if ours is not None and (theirs is None or not same_run(ours, theirs)):
-        raise UserInputError(f"{run.path} holds another run than the one at {mirror} ({describe_run(ours)}): fetching "
-                             "would mix the two. Fetch into an empty folder.")
+    check_fetch_target(mirror, run)
     run.path.mkdir(parents=True, exist_ok=True)
     for name in MIRRORED:
         remote = storage.join(mirror, name)

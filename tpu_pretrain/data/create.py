@@ -41,7 +41,17 @@ from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
 from .corpus_tables import TableFile, table_input
-from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats, sha256_file
+from .data_folder import (
+    FORMAT,
+    IDENTITY,
+    MANIFEST,
+    VOCAB,
+    WORK_DIR,
+    Manifest,
+    ShardStats,
+    data_folder_lock,
+    sha256_file,
+)
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
 from .shard_pool import ShardPool, WorkerDied, how_it_ended
 from .tokenizer_json import is_tokenizer_json
@@ -79,10 +89,10 @@ def plan_data(config: Config) -> DataPlan:
     check_required(config)
     d, c = config.data, config.corpus
     vocab = load_vocab(d.vocab_file)
-    if is_tokenizer_json(d.vocab_file) and d.do_lower_case:
-        log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
-        d.do_lower_case = False
+    if is_tokenizer_json(d.vocab_file):
+        _check_trainable_with_a_tokenizer_json(config)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
+    _check_not_the_corpus_folder(config.storage.output_dir, c.input, reader)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
     inputs = [table_input(s) if isinstance(s, TableFile) else
               {"path": os.path.abspath(s), "bytes": os.path.getsize(s), "sha256": sha256_file(s)}
@@ -96,14 +106,46 @@ def plan_data(config: Config) -> DataPlan:
     return DataPlan(config, config.storage.output_dir, reader, settings, inputs, identity, len(vocab))
 
 
+def _check_trainable_with_a_tokenizer_json(config: Config) -> None:
+    """Data made with a tokenizer.json is ModernBERT's (BERT takes a vocab.txt), and ModernBERT trains MLM only:
+    next-sentence data made with one could be trained by neither."""
+    d = config.data
+    if not (d.no_nsp or d.pack_sequences):
+        raise UserInputError(
+            f"--vocab_file {d.vocab_file} is a tokenizer.json, which only --model_family modernbert trains, and "
+            "ModernBERT trains masked-LM data only: next-sentence data made with it (the classic recipe) could be "
+            "trained by neither family. Add --recipe modern (packed, MLM only) or --no_nsp; or give a vocab.txt for "
+            "BERT's next-sentence data.")
+    if d.do_lower_case:
+        log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
+        d.do_lower_case = False
+
+
+def _check_not_the_corpus_folder(output_dir: str, inputs: list[str], reader: CorpusReader) -> None:
+    """Refuse to write the data among the corpus files: the next run would count the shards, the manifest and the
+    vocab as corpus (another corpus, so the same command would be refused)."""
+    if "://" in output_dir:
+        return
+    out = os.path.realpath(output_dir)
+    read_whole = [os.path.realpath(i) for i in inputs if "://" not in i and os.path.isdir(i)]  # read recursively
+    beside = {os.path.dirname(os.path.realpath(s)) for s in reader.sources if not isinstance(s, TableFile)}
+    for folder in [*read_whole, *beside]:
+        inside = folder in read_whole and out.startswith(folder + os.sep)
+        if out == folder or inside:
+            raise UserInputError(
+                f"output_dir {output_dir} is {'inside ' if inside else ''}the folder of the corpus ({folder}): the "
+                "shards, manifest.json and vocab would be written among the corpus files and read as corpus by the "
+                f"next run. Choose an --output_dir outside it (e.g. {os.path.join(os.path.dirname(folder), 'data')}); "
+                "nothing was written.")
+
+
 def create_pretraining_data(config: Config) -> Manifest:
     """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
     check_required(config)
     out = check_writable_folder(config.storage.output_dir)
-    plan = plan_data(config)
     try:
-        with sigterm_as_interrupt():
-            return _create(plan, out)
+        with sigterm_as_interrupt(), _locked(out):
+            return _create(plan_data(config), out)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -111,6 +153,18 @@ def create_pretraining_data(config: Config) -> Manifest:
             f"The disk under {out} is full ({exc.strerror}{': ' + str(exc.filename) if exc.filename else ''}). "
             "Free space and run the same command again: complete shards are kept and only the rest is written."
         ) from None
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """The data folder's lock for the block; a folder made only to hold it goes again if nothing was written."""
+    made = not out.exists()
+    try:
+        with data_folder_lock(out):
+            yield
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 def _create(plan: DataPlan, out: Path) -> Manifest:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import UserInputError
+from ..folder_lock import FolderLock
 from .tfrecord import decode_example, read_records
 from .tokenizer_json import TOKENIZER_JSON as TOKENIZER  # the vocab of data made with a tokenizer.json
 
@@ -24,6 +25,7 @@ MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
 IDENTITY = ".identity.json"  # the settings a folder's shards are being made with (before the manifest exists)
 WORK_DIR = ".work"
+LOCK = "create-data.lock"  # held by the one create-data process writing the folder
 FORMAT = "tpu_pretrain.pretraining_data/1"
 TRAIN, EVAL = "train", "eval"
 LOW_FILL = 0.6  # below this share of real tokens, the summary suggests packing
@@ -154,6 +156,11 @@ class Manifest:
                 f"is the aim): a random next segment comes from another document of the same shard, and the "
                 f"{shards} shard(s) hold {documents} document(s). {doc_fix.capitalize()}, use fewer --num_shards "
                 "than documents, or --no_nsp.")
+        held_out = self.totals(EVAL)
+        if self.files(EVAL) and not held_out["instances"]:
+            found.append(f"the held-out split is empty: its {held_out['documents']} document(s) gave no instance, so "
+                         "train skips evaluation. Raise --eval_fraction (now "
+                         f"{self.settings.get('eval_fraction')}), or give a larger corpus.")
         if self.settings.get("eval_fraction") and not self.files(EVAL):
             found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
                          f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")
@@ -255,6 +262,12 @@ def _info_from_manifest(data_dir: str, manifest: Manifest, splits: tuple[str, ..
                     int(settings.get("max_predictions_per_seq") or 0), manifest.vocab_size, manifest.vocab_sha256,
                     manifest.totals(TRAIN)["instances"], manifest.totals(EVAL)["instances"], settings,
                     [s.sha256 for s in manifest.shards if s.split == TRAIN])
+
+
+def data_folder_lock(folder: str | os.PathLike) -> FolderLock:
+    """``with data_folder_lock(out):`` one create-data process at a time writes the data folder ``out``."""
+    return FolderLock(Path(folder) / LOCK, "create-data process", "data folder",
+                      "Two create-data runs in one output_dir would write and remove each other's files", "output_dir")
 
 
 def check_not_unfinished(data_dir: str | os.PathLike) -> None:

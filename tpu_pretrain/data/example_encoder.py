@@ -174,6 +174,8 @@ def encode_framed(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     another, and the offsets where each starts (``n + 1`` of them: the last is the end)."""
     names = sorted(batch)
     n = len(batch[names[0]]) if names else 0
+    if n == 0:  # a block or a shard that gave no instance (a tiny corpus)
+        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
     arrays = [np.asarray(batch[name]).reshape(n, -1) for name in names]
     is_float = np.array([np.issubdtype(a.dtype, np.floating) for a in arrays], dtype=np.bool_)
     widths = np.array([a.shape[1] for a in arrays], dtype=np.int64)
@@ -207,7 +209,9 @@ def reordered(batches: list[tuple[np.ndarray, np.ndarray]], order: np.ndarray) -
     """The framed records of several batches (each as :func:`encode_framed` returns it) in ``order`` (record
     numbers counted across the batches). ``batches`` is emptied once copied, so at most two copies of the
     records are held at a time."""
-    buffer = np.concatenate([b for b, _ in batches]) if batches else np.zeros(0, dtype=np.uint8)
+    if not batches:  # no instance: no record
+        return np.zeros(0, dtype=np.uint8)
+    buffer = np.concatenate([b for b, _ in batches])
     bases = np.cumsum([0] + [int(o[-1]) for _, o in batches[:-1]])
     offsets = np.concatenate([o[:-1] + base for (_, o), base in zip(batches, bases, strict=True)] + [[len(buffer)]])
     batches.clear()
