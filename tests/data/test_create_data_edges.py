@@ -35,7 +35,7 @@ def make(corpus, vocab, out, **settings):
 
 
 @pytest.mark.parametrize("text, settings", [
-    ("One line only, of a few words.\n", dict(pack_sequences=True)),
+    ("One line only, of a few words.\n", dict(pack_sequences=True, dupe_factor=1)),
     ("First document.\n\nSecond document.\n", dict(pack_sequences=True)),
     ("First document.\n\nSecond document.\n", dict(num_shards=50)),
     ("First document.\n\nSecond document.\n", {}),
