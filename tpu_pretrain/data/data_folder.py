@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import UserInputError
 from ..folder_lock import FolderLock
-from .tfrecord import decode_example, read_records
+from .tfrecord import CorruptRecord, decode_example, read_records
 from .tokenizer_json import TOKENIZER_JSON as TOKENIZER  # the vocab of data made with a tokenizer.json
 
 MANIFEST = "manifest.json"
@@ -295,6 +295,17 @@ def damaged_shards(data_dir: str | os.PathLike) -> list[str]:
     return [s.file for s in manifest.shards if s.sha256 and sha256_file(Path(data_dir) / s.file) != s.sha256]
 
 
+def corrupt_shard_error(data_dir: str | os.PathLike, problem: object) -> UserInputError:
+    """The one message every reader of shards gives for a damaged one (``problem``: what the read found): which
+    shards no longer match the manifest, and what to do."""
+    damaged = damaged_shards(data_dir)
+    which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
+             else "no shard differs from its manifest checksum, so the copy being read may be failing")
+    return UserInputError(
+        f"A shard in {data_dir} is corrupt ({str(problem).splitlines()[0]}): {which}. Copy the data folder again (or "
+        "run create-data again: it rewrites what does not match), then run the same command again (train resumes).")
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """A shard's checksum as the manifest records it."""
     digest = hashlib.sha256()
@@ -308,8 +319,8 @@ def record_shapes(path: str) -> tuple[int, int]:
     """(max_seq_length, max_predictions_per_seq) of the first record of a shard."""
     try:
         first = next(iter(read_records(path)), None)
-    except ValueError as exc:
-        raise UserInputError(f"{path} is not a readable TFRecord file ({exc}).") from None
+    except CorruptRecord as exc:
+        raise corrupt_shard_error(os.path.dirname(path), exc) from None
     if first is None:
         raise UserInputError(f"{path} holds no records.")
     example = decode_example(first)
@@ -330,16 +341,23 @@ def check_token_ids(info: DataInfo, vocab_size: int, records_per_shard: int = 64
     files = info.train_files + info.eval_files
     step = max(1, len(files) // max_shards)
     for path in files[::step]:
-        for index, record in enumerate(read_records(path)):
-            if index == records_per_shard:
-                break
-            example = decode_example(record)
-            for feature in ("input_ids", "masked_lm_ids"):
-                values = example.get(feature)
-                if values is not None and len(values) and int(values.max()) >= vocab_size:
-                    raise UserInputError(
-                        f"{path}, record {index}: {feature} holds the id {int(values.max())} but the model's vocab has "
-                        f"{vocab_size} tokens (ids 0-{vocab_size - 1}). On a TPU such an id is silently clamped to "
-                        "the last one. Make the data with the model's vocab.txt, or use the vocab (and a "
-                        "bert_config_file) the data was made with.")
+        try:
+            _check_ids_of_shard(path, vocab_size, records_per_shard)
+        except CorruptRecord as exc:
+            raise corrupt_shard_error(info.data_dir, exc) from None
+
+
+def _check_ids_of_shard(path: str, vocab_size: int, records_per_shard: int) -> None:
+    for index, record in enumerate(read_records(path)):
+        if index == records_per_shard:
+            break
+        example = decode_example(record)
+        for feature in ("input_ids", "masked_lm_ids"):
+            values = example.get(feature)
+            if values is not None and len(values) and int(values.max()) >= vocab_size:
+                raise UserInputError(
+                    f"{path}, record {index}: {feature} holds the id {int(values.max())} but the model's vocab has "
+                    f"{vocab_size} tokens (ids 0-{vocab_size - 1}). On a TPU such an id is silently clamped to "
+                    "the last one. Make the data with the model's vocab.txt, or use the vocab (and a "
+                    "bert_config_file) the data was made with.")
 
