@@ -129,3 +129,32 @@ def test_bert_refuses_a_tokenizer_json_and_modernbert_takes_its_ids(made, tmp_pa
     (tmp_path / "data" / "tokenizer.json").write_text((made / "model" / "tokenizer.json").read_text() + " ")
     with pytest.raises(UserInputError, match="tokenizer.json is not the vocab the data .* was made with"):
         read_data_info(str(tmp_path / "data"))
+
+
+def test_next_sentence_data_with_a_tokenizer_json_is_refused_by_create_data(made, tmp_path):
+    """Neither family could train it (issue 37, item 13): BERT takes a vocab.txt, ModernBERT trains MLM only."""
+    with pytest.raises(UserInputError, match="is a tokenizer.json, which only --model_family modernbert trains, and "
+                                             "ModernBERT trains masked-LM data only") as refused:
+        create_pretraining_data(Config.load(input=[str(made / "corpus.txt")], vocab_file=str(made / "model"),
+                                            output_dir=str(tmp_path / "data"), workers=1))
+    assert "Add --recipe modern (packed, MLM only) or --no_nsp" in str(refused.value)
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_model_folder_is_a_vocab_file_and_a_lost_tokenizer_json_is_named(made, tmp_path):
+    """train --vocab_file MODEL_FOLDER, as create-data takes it (item 14); a data folder whose tokenizer.json was
+    deleted says so (item 21)."""
+    from tpu_pretrain.core.resolve import RunPlan
+
+    settings = dict(data_dir=str(made / "data"), model_family="modernbert", model_size="tiny",
+                    output_dir=str(tmp_path / "run"))
+    plan = RunPlan.resolve(Config.load(vocab_file=str(made / "model"), **settings))
+    assert plan.model_config.vocab_size == 2048
+    shutil.copytree(made / "data", tmp_path / "data")
+    (tmp_path / "data" / "tokenizer.json").unlink()
+    with pytest.raises(UserInputError, match=rf"The data folder {tmp_path / 'data'} lost its tokenizer.json: its "
+                                             r"manifest records that the data was made with it \(sha256 "):
+        RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data")}))
+    plan = RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data"),
+                                          "vocab_file": str(made / "model")}))  # the advice given works
+    assert plan.vocab_file == str(made / "model")

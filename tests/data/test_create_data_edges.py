@@ -3,6 +3,7 @@ corpus folder given as the output, a parquet 'text' column that holds no text.""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,3 +122,21 @@ def test_a_text_column_that_holds_no_text_is_said_plainly(vocab, tmp_path, colum
     said = str(refused.value)
     assert f"{table}: its 'text' column holds {kind}" in said and "not text (text columns: id)" in said, said
     assert "?column=NAME" in said and "has no 'text' column" not in said
+
+
+def test_a_model_folder_holding_a_vocab_txt_is_a_vocab_file_for_both_steps(vocab, tmp_path):
+    """create-data and train take the folder of a released BERT (its vocab.txt) as --vocab_file (issue 37, item
+    14); a folder holding no vocab says so."""
+    from tpu_pretrain.core.resolve import RunPlan
+
+    model = tmp_path / "released"
+    model.mkdir()
+    shutil.copy(vocab, model / "vocab.txt")
+    corpus = write_sample_corpus(tmp_path / "corpus.txt", max_chars=20_000)
+    make(corpus, str(model), tmp_path / "data", dupe_factor=1)
+    assert (tmp_path / "data" / "vocab.txt").read_bytes() == (model / "vocab.txt").read_bytes()
+    plan = RunPlan.resolve(Config.load(data_dir=str(tmp_path / "data"), vocab_file=str(model), model_size="L2-H128",
+                                       output_dir=str(tmp_path / "run")))
+    assert plan.model_config.vocab_size == 1200
+    with pytest.raises(UserInputError, match=f"Folder '{tmp_path}' holds no vocab.txt or tokenizer.json"):
+        RunPlan.resolve(Config.load(data_dir=str(tmp_path / "data"), vocab_file=str(tmp_path), model_size="L2-H128"))

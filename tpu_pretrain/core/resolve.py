@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from dataclasses import dataclass
 
 from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
@@ -92,9 +91,7 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         said("The data in %s was made with %s=%r, not %r: the run trains on it as it is, and records that.",
              data.data_dir, key, value, config.get(key))
         resolved.set(key, value, source=f"{data.data_dir}'s manifest")
-    if config.data.vocab_file and not os.path.isfile(config.data.vocab_file):
-        raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
-    if config.data.vocab_file:
+    if config.data.vocab_file:  # a vocab.txt, a tokenizer.json, or a model folder holding one (checked, named)
         _check_same_vocab(config.data.vocab_file, data)
     t = resolved.train
     if t.num_warmup_steps < 0:
@@ -125,7 +122,13 @@ def auto_warmup_steps(num_train_steps: int) -> int:
 
 
 def run_vocab_file(config: Config, data: DataInfo) -> str:
-    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither)."""
+    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither); refused
+    when the data folder lost the copy its manifest records."""
+    if not config.data.vocab_file and data.lost_vocab:
+        raise UserInputError(
+            f"The data folder {data.data_dir} lost its {data.lost_vocab}: its manifest records that the data was "
+            f"made with it (sha256 {data.vocab_sha256[:12]}...), and a run needs it to read the token ids. Copy it "
+            "back there (the --vocab_file given to create-data), or set --vocab_file to it.")
     return config.data.vocab_file or data.vocab_file or ""
 
 

@@ -201,10 +201,11 @@ def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: f
     """Write the manifest (and the data folder's own vocab.txt or tokenizer.json) once every shard is written."""
     rows = partition.get("rows_read") or [None] * len(plan.inputs)
     inputs = [i if n is None else i | {"rows": n} for i, n in zip(plan.inputs, rows, strict=True)]  # rows used
-    manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
-                        inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds)
-    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
     vocab, name = vocab_source(plan.config.data.vocab_file), vocab_copy_name(plan.config.data.vocab_file)
+    manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
+                        inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds,
+                        vocab_name=name)
+    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
     if is_gcs_url(plan.out):
         from .. import storage
 

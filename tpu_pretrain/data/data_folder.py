@@ -82,6 +82,7 @@ class Manifest:
     shards: list[ShardStats] = field(default_factory=list)
     format: str = FORMAT
     seconds: float = 0.0
+    vocab_name: str = ""  # the folder's copy of the vocab: vocab.txt or tokenizer.json (empty: data made before)
 
     def totals(self, split: str) -> dict:
         keys = ("documents", "sentences", "tokens", "instances", "masked_tokens", "real_tokens", "random_next", "bytes")
@@ -200,6 +201,7 @@ class DataInfo:
     eval_instances: int | None = None
     settings: dict = field(default_factory=dict)
     train_sha256: list[str] = field(default_factory=list)
+    lost_vocab: str = ""  # the vocab file the manifest records and the folder no longer holds
 
     @property
     def vocab_file(self) -> str | None:
@@ -258,10 +260,11 @@ def _info_from_manifest(data_dir: str, manifest: Manifest, splits: tuple[str, ..
             f"{MANIFEST} records): its token ids would mean other words. Put back the vocab given to create-data "
             "(--vocab_file), or run create-data again with this one.")
     settings = manifest.settings
+    lost = "" if vocab or not manifest.vocab_sha256 else manifest.vocab_name or f"{VOCAB} or {TOKENIZER}"
     return DataInfo(data_dir, train, evals, int(settings.get("max_seq_length") or 0),
                     int(settings.get("max_predictions_per_seq") or 0), manifest.vocab_size, manifest.vocab_sha256,
                     manifest.totals(TRAIN)["instances"], manifest.totals(EVAL)["instances"], settings,
-                    [s.sha256 for s in manifest.shards if s.split == TRAIN])
+                    [s.sha256 for s in manifest.shards if s.split == TRAIN], lost)
 
 
 def data_folder_lock(folder: str | os.PathLike) -> FolderLock:
