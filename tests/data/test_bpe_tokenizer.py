@@ -158,3 +158,21 @@ def test_a_model_folder_is_a_vocab_file_and_a_lost_tokenizer_json_is_named(made,
     plan = RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data"),
                                           "vocab_file": str(made / "model")}))  # the advice given works
     assert plan.vocab_file == str(made / "model")
+
+
+def test_a_modernbert_run_continued_as_bert_is_refused_for_its_family(made, tmp_path):
+    """Issue 37, item 16: the refusal names the change of family, not the tokenizer.json BERT cannot take."""
+    from numpy_trainer import NumpyTrainer
+
+    from tpu_pretrain.core.loop import run_training
+    from tpu_pretrain.core.resolve import RunPlan
+
+    settings = dict(data_dir=str(made / "data"), output_dir=str(tmp_path / "run"), model_size="tiny",
+                    train_batch_size=8, num_train_steps=2, save_checkpoints_steps=2, session_hours=-1)
+    run_training(NumpyTrainer(Config.load(model_family="modernbert", **settings)), settings["output_dir"],
+                 progress=False)
+    with pytest.raises(UserInputError) as refused:
+        RunPlan.resolve(Config.load(model_family="bert", **settings))
+    said = str(refused.value)
+    assert f"The run in {tmp_path / 'run'} is a modernbert run (model_family modernbert, run.json): a run cannot " \
+           "change family" in said and "--model_family modernbert" in said and "tokenizer.json" not in said

@@ -12,9 +12,16 @@ from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_sha256
 from ..errors import UserInputError
-from .bert_config import BertConfig, resolve_bert_config, training_flops_per_sequence
-from .modernbert_config import ModernBertConfig, is_modernbert_folder, resolve_modernbert_config, vocab_token_ids
+from .bert_config import BertConfig, bert_config_for_size, resolve_bert_config, training_flops_per_sequence
+from .modernbert_config import (
+    ModernBertConfig,
+    is_modernbert_folder,
+    modernbert_config_for_size,
+    resolve_modernbert_config,
+    vocab_token_ids,
+)
 from .modernbert_config import training_flops_per_sequence as modernbert_flops
+from .run_folder import RunFolder
 from .schedules import Schedule, planned
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,8 @@ class RunPlan:
     @classmethod
     def resolve(cls, config: Config) -> RunPlan:
         """Read the data folder's description and complete ``config`` from it; check the data fills a batch."""
+        if config.storage.output_dir and "://" not in config.storage.output_dir:
+            RunFolder(config.storage.output_dir).check_same_family(config.model.model_family)
         data = read_data_info(config.storage.data_dir)
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
@@ -181,6 +190,7 @@ def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
         vocab_size=len(tokens), token_ids=ids, max_position_embeddings=m.max_position_embeddings,
         dropout=m.hidden_dropout_prob, padded_vocab=padded)
     check_token_ids(data, model_config.vocab_size)
+    _say_the_size_trained(config, model_config, modernbert_config_for_size(m.model_size) if m.model_size else None)
     return model_config
 
 
@@ -200,7 +210,24 @@ def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
                                       max_position_embeddings=m.max_position_embeddings,
                                       hidden_dropout_prob=m.hidden_dropout_prob)
     check_token_ids(data, bert_config.vocab_size)
+    sized = bert_config_for_size(m.model_size, bert_config.vocab_size) if m.model_size else None
+    _say_the_size_trained(config, bert_config, sized)
     return bert_config
+
+
+def _say_the_size_trained(config: Config, model_config, sized) -> None:
+    """A model_size given beside a config file or an init checkpoint of another shape: the file (the weights)
+    decides the shape. Said, and the run's config.json records no size it does not train."""
+    m = config.model
+    shape = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
+    if sized is None or [getattr(sized, k) for k in shape] == [getattr(model_config, k) for k in shape]:
+        return
+    source = f"bert_config_file {m.bert_config_file}" if m.bert_config_file else f"init_checkpoint {m.init_checkpoint}"
+    layers, hidden, inner, heads = (getattr(model_config, k) for k in shape)
+    log.warning("model_size %s is not the shape of %s (%d layers, hidden %d, intermediate %d, %d heads): that shape "
+                "is trained, as its weights decide it; the run's config.json records no model_size. Leave "
+                "--model_size out with an init checkpoint.", m.model_size, source, layers, hidden, inner, heads)
+    m.model_size = ""
 
 
 def check_batch_split(t: TrainConfig, replicas: int) -> None:

@@ -213,6 +213,16 @@ class RunFolder:
                 f"({'; '.join(differences)}). Restore those settings to continue, or use a new output_dir to "
                 "start another run (an init_checkpoint can start it from this run's weights).")
 
+    def check_same_family(self, family: str) -> None:
+        """Refuse, before the model is resolved, to continue a run as another model family: its checkpoints hold
+        another model's weights (whatever else would be said about the vocab or the data first)."""
+        recorded = (self.read_identity() or {}).get("settings", {}).get("model_family")
+        if recorded and recorded != family:
+            raise UserInputError(
+                f"The run in {self.path} is a {recorded} run (model_family {recorded}, {IDENTITY}): a run cannot "
+                f"change family, its checkpoints hold a {recorded} model's weights. Continue it with --model_family "
+                f"{recorded}, or start the {family} run in a new output_dir.")
+
     def record_identity(self, identity: dict) -> None:
         """Record a new run's identity, with an id of its own: what its durable copy is claimed by."""
         if not self.identity_file.is_file():
