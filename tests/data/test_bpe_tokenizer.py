@@ -176,3 +176,24 @@ def test_a_modernbert_run_continued_as_bert_is_refused_for_its_family(made, tmp_
     said = str(refused.value)
     assert f"The run in {tmp_path / 'run'} is a modernbert run (model_family modernbert, run.json): a run cannot " \
            "change family" in said and "--model_family modernbert" in said and "tokenizer.json" not in said
+
+
+def test_whole_word_masking_that_reaches_far_below_its_rate_says_so(made, tmp_path):
+    """Issue 37, item 17: words of 150-250 characters are more BPE pieces than a sequence's masking budget, so
+    whole-word masking reaches a few percent of the 30% asked for; the summary says the rate and why."""
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(150, 250)))
+             for _ in range(400)]
+    corpus = tmp_path / "long_words.txt"
+    corpus.write_text("\n\n".join(" ".join(words[i:i + 4]) for i in range(0, 400, 4)) + "\n")
+    settings = dict(input=[str(corpus)], vocab_file=str(made / "model"), recipe="modern", max_seq_length=SEQ,
+                    dupe_factor=1, num_shards=1, eval_fraction=0, workers=1)
+    summary = create_pretraining_data(Config.load(**settings, do_whole_word_mask=True,
+                                                  output_dir=str(tmp_path / "wwm"))).summary()
+    said = " ".join(summary.split())
+    assert "warning: train: " in said and "of tokens are masked, far below masked_lm_prob=0.3 with whole-word " \
+                                         "masking" in said and "Leave out --do_whole_word_mask" in said, said
+    summary = create_pretraining_data(Config.load(**settings, output_dir=str(tmp_path / "plain"))).summary()
+    assert "far below" not in summary  # without whole words, the rate is reached

@@ -157,6 +157,7 @@ class Manifest:
                 f"is the aim): a random next segment comes from another document of the same shard, and the "
                 f"{shards} shard(s) hold {documents} document(s). {doc_fix.capitalize()}, use fewer --num_shards "
                 "than documents, or --no_nsp.")
+        found += self._masking_warnings()
         held_out = self.totals(EVAL)
         if self.files(EVAL) and not held_out["instances"]:
             found.append(f"the held-out split is empty: its {held_out['documents']} document(s) gave no instance, so "
@@ -165,6 +166,26 @@ class Manifest:
         if self.settings.get("eval_fraction") and not self.files(EVAL):
             found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
                          f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")
+        return found
+
+
+    def _masking_warnings(self) -> list[str]:
+        """A masking rate reached far below the one asked for (whole words longer than a sequence's budget are
+        never masked: long words of a byte-level BPE)."""
+        found = []
+        for split, key in ((TRAIN, "masked_lm_prob"), (EVAL, "eval_masked_lm_prob")):
+            t, wanted = self.totals(split), self.settings.get(key)
+            if not wanted or not t["real_tokens"] or t["masked_tokens"] >= 0.5 * wanted * t["real_tokens"]:
+                continue
+            whole = self.settings.get("do_whole_word_mask") or self.settings.get("chinese_whole_word")
+            why = (" with whole-word masking: a word of more tokens than a sequence's masking budget "
+                   f"(max_predictions_per_seq={self.settings.get('max_predictions_per_seq')}) is never masked, and "
+                   "these words are long. Leave out --do_whole_word_mask, or mask more per sequence "
+                   "(--max_predictions_per_seq, --max_seq_length)" if whole else
+                   ": the masking budget per sequence is too small (raise --max_predictions_per_seq, or set it to 0 "
+                   "to size it for the rate)")
+            found.append(f"{split}: {t['masked_tokens'] / t['real_tokens']:.1%} of tokens are masked, far below "
+                         f"{key}={wanted}{why}.")
         return found
 
 
