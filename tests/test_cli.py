@@ -32,6 +32,8 @@ def test_every_help_page_renders():
     (["train", "--learning_rate", "-1e-4"], "Setting learning_rate=-0.0001 is invalid: use a positive value"),
     (["train", "--adam_beta1", "5"], "Setting adam_beta1=5.0 is invalid: use a value in [0, 1)"),
     (["train", "--adam_epsilon", "-1"], "Setting adam_epsilon=-1.0 is invalid"),
+    (["train", "--rewarm_steps", "-3"], "Setting rewarm_steps=-3 is invalid: use 0 (no new warmup)"),  # unused
+    (["create-data", "--random_seed", "-1"], "Setting random_seed=-1 is invalid: use 0 or more"),
     (["train", "--learning_rate", "inf"], "'learning_rate' in configuration has value inf, which is not a valid "
                                           "float (not a finite number)"),
     (["train", "--mirror_dir", "s3://bucket/run"], "'s3:' is not a supported location"),

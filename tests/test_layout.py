@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
     ("errors", "formatting", "runtime", "release", "tpu_stack", "environment", "backend", "tpu_diagnosis",
-     "tpu_env", "workers"),
+     "tpu_env", "workers", "folder_lock"),
     ("storage",),
     ("config", "config_checks"),
     ("data",),

@@ -30,6 +30,7 @@ def check_settings(config) -> None:
 
 
 def _check_data(d, m) -> None:
+    _require(d.random_seed >= 0, "random_seed", d.random_seed, "use 0 or more")
     _require(d.max_seq_length >= 8, "max_seq_length", d.max_seq_length, "use at least 8 (BERT uses 128 or 512)")
     _require(
         d.max_seq_length <= m.max_position_embeddings,
@@ -124,6 +125,10 @@ def _check_train(t) -> None:
     )
     _require(t.num_cooldown_steps >= 0, "num_cooldown_steps", t.num_cooldown_steps,
              "use 0 (20% of num_train_steps) or a positive count")
+    _require(t.rewarm_steps >= 0, "rewarm_steps", t.rewarm_steps,
+             "use 0 (no new warmup) or a positive count of steps, e.g. 100")
+    for key in ("train_seed", "shuffle_buffer_size", "task_index"):
+        _require(getattr(t, key) >= 0, key, getattr(t, key), "use 0 or more")
     _require(t.save_checkpoints_steps >= 0, "save_checkpoints_steps", t.save_checkpoints_steps,
              "use 0 (by time alone) or more")
     _require(t.save_checkpoints_minutes >= 0, "save_checkpoints_minutes", t.save_checkpoints_minutes,

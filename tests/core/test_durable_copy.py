@@ -24,6 +24,7 @@ from tpu_pretrain.core.loop import run_training
 from tpu_pretrain.core.mirror import CheckpointMirror, fetch_run, mirror_state
 from tpu_pretrain.core.run_folder import RunFolder
 from tpu_pretrain.core.status import run_status
+from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.jax_backend.state import read_arrays
 from tpu_pretrain.storage import auth, drive
 
@@ -221,6 +222,45 @@ def test_with_mirror_failure_continue_training_goes_on_and_says_so(data_dir, tmp
                                    mirror_failure="continue"))
     assert result.stopped_reason is None and result.steps == STEPS
     assert "Training goes on (--mirror_failure continue): a disconnect now loses every step after none" in caplog.text
+
+
+def files_of(folder) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_never_adopts_or_prunes_another_runs_durable_copy(data_dir, tmp_path, caplog):
+    """Issue 37, items 1 and 6: run B given run A's mirror_dir neither resumes from A's checkpoints nor prunes
+    them, whatever its steps (the refusal is about the run, not A's learning rate); A, and a fresh runtime with
+    A's settings, continue A from it."""
+    mirror, a = tmp_path / "mirror", tmp_path / "a"
+    train(settings(data_dir, a, mirror_dir=str(mirror), mirror_keep=3))
+    durable = files_of(mirror)
+    assert len(saved_steps(mirror)) == 3 and saved_steps(mirror)[-1] == 12 and "run.json" in durable
+    train(settings(data_dir, tmp_path / "c", num_train_steps=2))  # a run of its own, started without a mirror
+    for run, overrides in [("b", dict(num_train_steps=4)), ("b", dict(num_train_steps=24)),
+                           ("b", dict(num_train_steps=24, rewarm_steps=2)), ("c", dict(train_seed=0))]:
+        config = settings(data_dir, tmp_path / run, mirror_dir=str(mirror), mirror_keep=3,
+                          **{"train_seed": 9, **overrides})
+        with pytest.raises(UserInputError) as refused:
+            train(config)
+        said = " ".join(str(refused.value).split())
+        assert f"The durable copy at {mirror} holds the checkpoints of another run (run " in said, said
+        assert f"output_dir {a}; up to step 12;" in said and f"in {tmp_path / run}." in said
+        assert "nothing was fetched or deleted" in said and f"--output_dir {a}" in said
+        assert "--mirror_dir of its own" in said and "decayed" not in said
+        assert ("train_seed: 0 in the run, 9 now" in said) == (run == "b")
+        assert files_of(mirror) == durable  # A's durable checkpoints, all kept
+    assert not saved_steps(tmp_path / "b") and saved_steps(tmp_path / "c") == [2]
+    caplog.set_level("INFO", logger="tpu_pretrain")
+    result, _ = train(settings(data_dir, a, mirror_dir=str(mirror), mirror_keep=3, num_train_steps=14, rewarm_steps=2))
+    assert result.steps == 14 and "Resuming from" in caplog.text
+    fresh = tmp_path / "fresh"  # a new runtime: an empty folder, A's settings
+    result, _ = train(settings(data_dir, fresh, mirror_dir=str(mirror), mirror_keep=3, num_train_steps=16,
+                               rewarm_steps=2))
+    assert result.steps == 16 and "Fetched checkpoint ckpt-000000014" in caplog.text
+    assert (fresh / "run.json").read_bytes() == (a / "run.json").read_bytes()
+    with pytest.raises(UserInputError, match="holds another run than the one at"):
+        fetch_run(str(mirror), tmp_path / "c")  # nor is another run's folder mixed with it
 
 
 def test_a_keep_that_does_not_fit_is_refused_before_the_first_step(data_dir, tmp_path):

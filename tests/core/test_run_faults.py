@@ -144,10 +144,14 @@ def _tensorflow_installed() -> bool:
     return tensorflow_installed()
 
 
-def test_a_corrupt_record_is_named_by_the_jax_input(tmp_path):
-    """The JAX trainer reads its batches here: a damaged record is a message naming the shard, as on TensorFlow."""
-    from tpu_pretrain.data.data_folder import read_data_info
+def test_a_corrupt_record_is_named_by_every_reader_of_shards(tmp_path):
+    """The JAX trainer reads its batches here, a fresh run checks the token ids first (issue 37, item 11), evaluate
+    reads the eval shards, data from other tools is read for its shapes: a damaged record is one message naming the
+    shard, as on TensorFlow."""
+    from tpu_pretrain.core.resolve import RunPlan
+    from tpu_pretrain.data.data_folder import read_data_info, record_shapes
     from tpu_pretrain.errors import UserInputError
+    from tpu_pretrain.export.evaluate import eval_batches as evaluate_batches
     from tpu_pretrain.jax_backend.input import TrainingBatches, eval_batches
 
     data = Path(sample_data(tmp_path, max_chars=20_000, num_shards=1, workers=1))
@@ -168,3 +172,10 @@ def test_a_corrupt_record_is_named_by_the_jax_input(tmp_path):
         batches.close()
     with pytest.raises(UserInputError, match="eval-00000-of-00001.tfrecord"):
         list(eval_batches(info.eval_files, 1, info.max_seq_length, info.max_predictions_per_seq))
+    one_message = r"A shard in .* is corrupt \(.*\): .*train-00000-of-00001.tfrecord.* no longer match.*Copy the data"
+    with pytest.raises(UserInputError, match=one_message):
+        RunPlan.resolve(Config.load(data_dir=str(data), output_dir=str(tmp_path / "run"), model_size="L2-H128"))
+    with pytest.raises(UserInputError, match=one_message):
+        list(evaluate_batches(info.eval_files, 1, info.max_seq_length, info.max_predictions_per_seq))
+    with pytest.raises(UserInputError, match=one_message):
+        record_shapes(info.train_files[0])

@@ -129,3 +129,71 @@ def test_bert_refuses_a_tokenizer_json_and_modernbert_takes_its_ids(made, tmp_pa
     (tmp_path / "data" / "tokenizer.json").write_text((made / "model" / "tokenizer.json").read_text() + " ")
     with pytest.raises(UserInputError, match="tokenizer.json is not the vocab the data .* was made with"):
         read_data_info(str(tmp_path / "data"))
+
+
+def test_next_sentence_data_with_a_tokenizer_json_is_refused_by_create_data(made, tmp_path):
+    """Neither family could train it (issue 37, item 13): BERT takes a vocab.txt, ModernBERT trains MLM only."""
+    with pytest.raises(UserInputError, match="is a tokenizer.json, which only --model_family modernbert trains, and "
+                                             "ModernBERT trains masked-LM data only") as refused:
+        create_pretraining_data(Config.load(input=[str(made / "corpus.txt")], vocab_file=str(made / "model"),
+                                            output_dir=str(tmp_path / "data"), workers=1))
+    assert "Add --recipe modern (packed, MLM only) or --no_nsp" in str(refused.value)
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_model_folder_is_a_vocab_file_and_a_lost_tokenizer_json_is_named(made, tmp_path):
+    """train --vocab_file MODEL_FOLDER, as create-data takes it (item 14); a data folder whose tokenizer.json was
+    deleted says so (item 21)."""
+    from tpu_pretrain.core.resolve import RunPlan
+
+    settings = dict(data_dir=str(made / "data"), model_family="modernbert", model_size="tiny",
+                    output_dir=str(tmp_path / "run"))
+    plan = RunPlan.resolve(Config.load(vocab_file=str(made / "model"), **settings))
+    assert plan.model_config.vocab_size == 2048
+    shutil.copytree(made / "data", tmp_path / "data")
+    (tmp_path / "data" / "tokenizer.json").unlink()
+    with pytest.raises(UserInputError, match=rf"The data folder {tmp_path / 'data'} lost its tokenizer.json: its "
+                                             r"manifest records that the data was made with it \(sha256 "):
+        RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data")}))
+    plan = RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data"),
+                                          "vocab_file": str(made / "model")}))  # the advice given works
+    assert plan.vocab_file == str(made / "model")
+
+
+def test_a_modernbert_run_continued_as_bert_is_refused_for_its_family(made, tmp_path):
+    """Issue 37, item 16: the refusal names the change of family, not the tokenizer.json BERT cannot take."""
+    from numpy_trainer import NumpyTrainer
+
+    from tpu_pretrain.core.loop import run_training
+    from tpu_pretrain.core.resolve import RunPlan
+
+    settings = dict(data_dir=str(made / "data"), output_dir=str(tmp_path / "run"), model_size="tiny",
+                    train_batch_size=8, num_train_steps=2, save_checkpoints_steps=2, session_hours=-1)
+    run_training(NumpyTrainer(Config.load(model_family="modernbert", **settings)), settings["output_dir"],
+                 progress=False)
+    with pytest.raises(UserInputError) as refused:
+        RunPlan.resolve(Config.load(model_family="bert", **settings))
+    said = str(refused.value)
+    assert f"The run in {tmp_path / 'run'} is a modernbert run (model_family modernbert, run.json): a run cannot " \
+           "change family" in said and "--model_family modernbert" in said and "tokenizer.json" not in said
+
+
+def test_whole_word_masking_that_reaches_far_below_its_rate_says_so(made, tmp_path):
+    """Issue 37, item 17: words of 150-250 characters are more BPE pieces than a sequence's masking budget, so
+    whole-word masking reaches a few percent of the 30% asked for; the summary says the rate and why."""
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(150, 250)))
+             for _ in range(400)]
+    corpus = tmp_path / "long_words.txt"
+    corpus.write_text("\n\n".join(" ".join(words[i:i + 4]) for i in range(0, 400, 4)) + "\n")
+    settings = dict(input=[str(corpus)], vocab_file=str(made / "model"), recipe="modern", max_seq_length=SEQ,
+                    dupe_factor=1, num_shards=1, eval_fraction=0, workers=1)
+    summary = create_pretraining_data(Config.load(**settings, do_whole_word_mask=True,
+                                                  output_dir=str(tmp_path / "wwm"))).summary()
+    said = " ".join(summary.split())
+    assert "warning: train: " in said and "of tokens are masked, far below masked_lm_prob=0.3 with whole-word " \
+                                         "masking" in said and "Leave out --do_whole_word_mask" in said, said
+    summary = create_pretraining_data(Config.load(**settings, output_dir=str(tmp_path / "plain"))).summary()
+    assert "far below" not in summary  # without whole words, the rate is reached

@@ -201,3 +201,16 @@ def test_the_hub_address_reads_as_documented():
     assert (spec.repo, spec.revision, spec.config, spec.split, spec.column) == \
         ("wikimedia/wikipedia", "main", "20231101.zh", "train", "text")
     assert parse_hub_url("hf://datasets/o/n").split == "train"
+
+
+def test_an_unreachable_hub_is_a_message_not_a_traceback(tmp_path):
+    """Issue 37, item 9: the Hub's client raises its HTTP library's ConnectError, which is no OSError."""
+    from storage_emulator import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "TPU_PRETRAIN_HUB_MIRROR"}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the connection is refused
+    done = subprocess.run([sys.executable, "-m", "tpu_pretrain", "vocab", "--input", "hf://datasets/owner/docs",
+                           "--output_dir", str(tmp_path / "v")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "The Hub could not be reached for dataset owner/docs (ConnectError" in done.stderr
+    assert "check the connection" in done.stderr and "Traceback" not in done.stderr

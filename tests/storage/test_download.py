@@ -28,12 +28,14 @@ class FileServer:
 
     def __init__(self, files: dict[str, bytes], chunk: int = 16 << 10, delay: float = 0.0, ranges: bool = True,
                  length: bool = True, etag: bool = True, chunked: bool = False, cut_first: int | None = None,
-                 content_type: str | None = None):
+                 content_type: str | None = None, cut_every: int | None = None):
         """``length``/``etag``: send Content-Length/ETag; ``chunked``: Transfer-Encoding chunked (HTTP/1.1);
-        ``cut_first``: the first response closes its connection after this many bytes of the file."""
+        ``cut_first``: the first response closes its connection after this many bytes of the file; ``cut_every``:
+        every response does (a connection that keeps dropping)."""
         self.files, self.chunk, self.delay, self.ranges = files, chunk, delay, ranges
         self.length, self.etag, self.chunked, self.cut_first, self.content_type = (length, etag, chunked, cut_first,
                                                                                    content_type)
+        self.cut_every = cut_every
         self.requests: list[dict] = []
         self.bytes_sent = 0
         server = self
@@ -88,7 +90,7 @@ class FileServer:
         if self.chunked:
             request.send_header("Transfer-Encoding", "chunked")
         request.end_headers()
-        end = len(data)
+        end = len(data) if self.cut_every is None else min(len(data), start + self.cut_every)
         if self.cut_first is not None:
             end, self.cut_first = start + self.cut_first, None
         try:
@@ -258,3 +260,46 @@ def test_a_web_page_is_refused_as_a_corpus(cache, tmp_path):
         assert not (tmp_path / "v" / "vocab.txt").exists()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("content_type, page", [(None, b"\n<!DOCTYPE html>\n<html><body>Sign in</body></html>"),
+                                                ("text/plain", b"\xef\xbb\xbf<HTML><head></head></HTML>")],
+                         ids=["no-type", "text-plain"])
+def test_a_web_page_served_without_its_type_is_refused_by_its_first_bytes(cache, content_type, page):
+    """Issue 37, item 5: only text/html was refused; the page's own first bytes say what it is."""
+    server = FileServer({"corpus.txt": page}, content_type=content_type)
+    url = server.url("corpus.txt")
+    said = "no Content-Type" if content_type is None else "Content-Type text/plain"
+    try:
+        with pytest.raises(DownloadError, match=re.escape(f"{url} is a web page ({said}, but it begins as an HTML "
+                                                          "page does), not a corpus file")):
+            fetch(url)
+        assert not [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".json")]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("server_kind", ["ignores-range", "chunked-without-validator", "resumable"])
+def test_a_download_that_keeps_dropping_says_what_running_again_will_do(cache, monkeypatch, server_kind):
+    """Issue 37, item 12: "run again to continue" only where a re-run really continues."""
+    import tpu_pretrain.storage.download as download
+
+    monkeypatch.setattr(download, "ATTEMPTS", 2)  # two attempts, one pause of 2 s between them
+    data = os.urandom(400_000)
+    options = {"ignores-range": dict(ranges=False), "chunked-without-validator": dict(chunked=True, etag=False),
+               "resumable": dict(chunk=1000, delay=0.0)}[server_kind]
+    server = FileServer({"c.bin": data}, cut_every=150_000, **options)
+    url = server.url("c.bin")
+    try:
+        with pytest.raises(DownloadError) as stopped:
+            fetch(url)
+    finally:
+        server.close()
+    said = " ".join(str(stopped.value).split())
+    if server_kind == "resumable":  # two attempts of 150,000 bytes each, the second continuing the first
+        assert "run again to continue from the 300000 bytes already here" in said, said
+    else:
+        assert "running again fetches it from the start" in said and "cannot be continued" in said, said
+        assert ("ignores Range requests" if server_kind == "ignores-range" else "neither the file's length nor a "
+                "validator") in said
+        assert "continue from" not in said

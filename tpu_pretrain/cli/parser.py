@@ -6,8 +6,9 @@ step. Booleans accept ``--flag``, ``--flag=false`` (the old absl
 style of Google's scripts) and ``--noflag``.
 
 Exit codes (README.md lists them too): 0 done; 1 the command ran but something failed (a transfer,
-a storage check); 2 bad input or a refusal (the message says why and what to do); 75 training stopped
-early (SIGTERM, Ctrl-C, the session's deadline) and the same command continues it; 130 interrupted.
+a storage check, a create-data worker that died); 2 bad input or a refusal (the message says why and what to
+do); 75 training stopped early (SIGTERM, Ctrl-C, the session's deadline) and the same command continues it; 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from ..config import (
     field_type,
 )
 from ..config_checks import parse_bool
-from ..errors import UserInputError
+from ..errors import CommandFailed, UserInputError
 
 # Exit codes: see the module docstring (and README.md).
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STOPPED_EARLY, EXIT_INTERRUPTED = 0, 1, 2, 75, 130
-EXIT_CODES = (f"exit codes: {EXIT_OK} done; {EXIT_FAILED} something failed (a transfer, a storage check); "
+EXIT_CODES = (f"exit codes: {EXIT_OK} done; {EXIT_FAILED} something failed (a transfer, a storage check, a "
+              "worker process); "
               f"{EXIT_BAD_INPUT} bad input or refused (the message says why); {EXIT_STOPPED_EARLY} training "
               f"stopped early (signal or session deadline): run the same command to continue; "
               f"{EXIT_INTERRUPTED} interrupted.")
@@ -169,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as exc:
         print(f"tpu-pretrain {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except CommandFailed as exc:
+        print(f"tpu-pretrain {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"tpu-pretrain {args.command}: interrupted. What was complete is kept (files are written whole or "
               "not at all); run the same command again to continue.", file=sys.stderr)

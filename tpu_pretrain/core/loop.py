@@ -30,6 +30,7 @@ from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
+from .mirror_owner import claim
 from .peaks import mfu
 from .protocol import Trainer
 from .run_folder import RunFolder, run_identity
@@ -215,6 +216,8 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     plan = trainer.plan
     identity = run_identity(plan.config, plan.model_config, plan.data)
     run.check_can_resume(identity)
+    if getattr(manager, "mirror", None) is not None:
+        claim(manager.mirror, identity)  # before a checkpoint is fetched from it: the copy must be this run's
     restored = manager.restore_latest(set_aside_damaged)
     _follow_schedule(trainer, restored.metadata.get("lr_schedule") if restored else None)
     if trainer.is_chief:

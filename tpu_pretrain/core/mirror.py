@@ -38,6 +38,7 @@ from .checkpoints import (
     list_checkpoints,
     step_of,
 )
+from .mirror_owner import check_fetch_target, keep_claim
 from .run_folder import CHECKPOINTS, CONFIG, MIRRORED, RunFolder
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class CheckpointMirror:
     def _pass(self) -> None:
         with self._lock:
             try:
+                keep_claim(self.url, self.run)  # before a checkpoint goes there, and before any is pruned
                 self._copy_newest()
                 self._prune()
                 self._sync_run_files()
@@ -382,6 +384,7 @@ def fetch_run(mirror: str, run_dir: str | os.PathLike, options: TransferOptions 
     if not storage.exists(storage.join(mirror, CONFIG)):
         return False
     run = RunFolder(run_dir)
+    check_fetch_target(mirror, run)
     run.path.mkdir(parents=True, exist_ok=True)
     for name in MIRRORED:
         remote = storage.join(mirror, name)

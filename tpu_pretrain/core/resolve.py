@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from dataclasses import dataclass
 
 from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
@@ -15,9 +14,16 @@ from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_sha256
 from ..data.vocab_tokenizer import SPECIAL_TOKENS
 from ..errors import UserInputError
-from .bert_config import BertConfig, resolve_bert_config, training_flops_per_sequence
-from .modernbert_config import ModernBertConfig, is_modernbert_folder, resolve_modernbert_config, vocab_token_ids
+from .bert_config import BertConfig, bert_config_for_size, resolve_bert_config, training_flops_per_sequence
+from .modernbert_config import (
+    ModernBertConfig,
+    is_modernbert_folder,
+    modernbert_config_for_size,
+    resolve_modernbert_config,
+    vocab_token_ids,
+)
 from .modernbert_config import training_flops_per_sequence as modernbert_flops
+from .run_folder import RunFolder
 from .schedules import Schedule, planned
 
 log = logging.getLogger(__name__)
@@ -43,6 +49,8 @@ class RunPlan:
     @classmethod
     def resolve(cls, config: Config) -> RunPlan:
         """Read the data folder's description and complete ``config`` from it; check the data fills a batch."""
+        if config.storage.output_dir and "://" not in config.storage.output_dir:
+            RunFolder(config.storage.output_dir).check_same_family(config.model.model_family)
         data = read_data_info(config.storage.data_dir)
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
@@ -117,9 +125,7 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         said("The data in %s was made with %s=%r, not %r: the run trains on it as it is, and records that.",
              data.data_dir, key, value, config.get(key))
         resolved.set(key, value, source=f"{data.data_dir}'s manifest")
-    if config.data.vocab_file and not os.path.isfile(config.data.vocab_file):
-        raise UserInputError(f"vocab_file {config.data.vocab_file} does not exist.")
-    if config.data.vocab_file:
+    if config.data.vocab_file:  # a vocab.txt, a tokenizer.json, or a model folder holding one (checked, named)
         _check_same_vocab(config.data.vocab_file, data)
     t = resolved.train
     if t.num_warmup_steps < 0:
@@ -150,7 +156,13 @@ def auto_warmup_steps(num_train_steps: int) -> int:
 
 
 def run_vocab_file(config: Config, data: DataInfo) -> str:
-    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither)."""
+    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither); refused
+    when the data folder lost the copy its manifest records."""
+    if not config.data.vocab_file and data.lost_vocab:
+        raise UserInputError(
+            f"The data folder {data.data_dir} lost its {data.lost_vocab}: its manifest records that the data was "
+            f"made with it (sha256 {data.vocab_sha256[:12]}...), and a run needs it to read the token ids. Copy it "
+            "back there (the --vocab_file given to create-data), or set --vocab_file to it.")
     return config.data.vocab_file or data.vocab_file or ""
 
 
@@ -203,6 +215,7 @@ def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
         vocab_size=len(tokens), token_ids=ids, max_position_embeddings=m.max_position_embeddings,
         dropout=m.hidden_dropout_prob, padded_vocab=padded)
     check_token_ids(data, model_config.vocab_size)
+    _say_the_size_trained(config, model_config, modernbert_config_for_size(m.model_size) if m.model_size else None)
     return model_config
 
 
@@ -231,7 +244,24 @@ def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
                                       max_position_embeddings=m.max_position_embeddings,
                                       hidden_dropout_prob=m.hidden_dropout_prob)
     check_token_ids(data, bert_config.vocab_size)
+    sized = bert_config_for_size(m.model_size, bert_config.vocab_size) if m.model_size else None
+    _say_the_size_trained(config, bert_config, sized)
     return bert_config
+
+
+def _say_the_size_trained(config: Config, model_config, sized) -> None:
+    """A model_size given beside a config file or an init checkpoint of another shape: the file (the weights)
+    decides the shape. Said, and the run's config.json records no size it does not train."""
+    m = config.model
+    shape = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
+    if sized is None or [getattr(sized, k) for k in shape] == [getattr(model_config, k) for k in shape]:
+        return
+    source = f"bert_config_file {m.bert_config_file}" if m.bert_config_file else f"init_checkpoint {m.init_checkpoint}"
+    layers, hidden, inner, heads = (getattr(model_config, k) for k in shape)
+    log.warning("model_size %s is not the shape of %s (%d layers, hidden %d, intermediate %d, %d heads): that shape "
+                "is trained, as its weights decide it; the run's config.json records no model_size. Leave "
+                "--model_size out with an init checkpoint.", m.model_size, source, layers, hidden, inner, heads)
+    m.model_size = ""
 
 
 def check_batch_split(t: TrainConfig, replicas: int) -> None:

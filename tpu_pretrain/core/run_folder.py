@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -212,10 +213,31 @@ class RunFolder:
                 f"({'; '.join(differences)}). Restore those settings to continue, or use a new output_dir to "
                 "start another run (an init_checkpoint can start it from this run's weights).")
 
+    def check_same_family(self, family: str) -> None:
+        """Refuse, before the model is resolved, to continue a run as another model family: its checkpoints hold
+        another model's weights (whatever else would be said about the vocab or the data first)."""
+        recorded = (self.read_identity() or {}).get("settings", {}).get("model_family")
+        if recorded and recorded != family:
+            raise UserInputError(
+                f"The run in {self.path} is a {recorded} run (model_family {recorded}, {IDENTITY}): a run cannot "
+                f"change family, its checkpoints hold a {recorded} model's weights. Continue it with --model_family "
+                f"{recorded}, or start the {family} run in a new output_dir.")
+
     def record_identity(self, identity: dict) -> None:
+        """Record a new run's identity, with an id of its own: what its durable copy is claimed by."""
         if not self.identity_file.is_file():
-            write_text_atomic(self.identity_file,
-                              json.dumps({**identity, "created": time.time()}, indent=2, sort_keys=True) + "\n")
+            self.adopt_identity({**identity, "created": time.time(), "run_id": uuid.uuid4().hex})
+
+    def adopt_identity(self, record: dict) -> None:
+        """Continue the run ``record`` names (its run.json as its durable copy holds it) in this folder."""
+        write_text_atomic(self.identity_file, json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+    def read_identity(self) -> dict | None:
+        """The run's recorded identity (run.json), or None for a folder no run has started in."""
+        try:
+            return json.loads(self.identity_file.read_text())
+        except FileNotFoundError:
+            return None
 
 
 def run_identity(config: Config, model_config: BertConfig | ModernBertConfig, data_info) -> dict:
@@ -227,6 +249,18 @@ def run_identity(config: Config, model_config: BertConfig | ModernBertConfig, da
         data["vocab_sha256"] = data_info.vocab_sha256
         data["train_sha256"] = data_info.train_sha256
     return {"model": model, "data": data, "settings": {k: config.get(k) for k in pinned_settings(RUN)}}
+
+
+def same_run(a: dict, b: dict) -> bool:
+    """Whether two run.json records are one run's (runs from before the run id: the same start time)."""
+    return (a.get("run_id"), a.get("created")) == (b.get("run_id"), b.get("created"))
+
+
+def describe_run(record: dict) -> str:
+    """A run as a person recognises it: when it started, and its id."""
+    created = record.get("created")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if isinstance(created, (int, float)) else "?"
+    return f"run {str(record.get('run_id') or '(no id)')[:8]} started {when}"
 
 
 # Settings whose default changed after they were added: the value a run that did not record them trained with.

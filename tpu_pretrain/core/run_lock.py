@@ -1,133 +1,21 @@
-"""One training process per run folder: a lock file naming its holder, and the rule for a stale one.
+"""One training process per run folder: ``train.lock``, held while training runs (:mod:`..folder_lock`).
 
-Two ``train`` commands on one ``output_dir`` would overwrite each other's checkpoints. The first takes
-``train.lock`` (created exclusively; it holds the pid, the host and the start time, and its
-modification time is refreshed every :data:`HEARTBEAT_SECONDS` while training runs); the second is
-refused, naming the holder. A lock is stale, and is taken over with a message, when its process is
-gone (same host: that pid is not running, or is a newer process that reused the number) or, for a
-holder on another machine (a Drive folder shared by two runtimes), when it has not been refreshed
-for :data:`STALE_AFTER_SECONDS`.
+Two ``train`` commands on one ``output_dir`` would overwrite each other's checkpoints; the second is refused, naming
+the holder, and a lock whose process is gone is taken over with a message.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import socket
-import threading
-import time
-from pathlib import Path
 
-from ..errors import UserInputError
+from ..folder_lock import FolderLock, FolderLockedError
 
-log = logging.getLogger(__name__)
-
-HEARTBEAT_SECONDS = 30.0
-STALE_AFTER_SECONDS = 180.0  # six missed heartbeats: the holder's machine is gone
+RunLockedError = FolderLockedError
 
 
-class RunLockedError(UserInputError):
-    """Another training process holds the run folder."""
-
-
-class RunLock:
-    """``with RunLock(path):`` holds the run folder's lock for the block (see the module docstring)."""
+class RunLock(FolderLock):
+    """``with RunLock(run.lock_file):`` holds the run folder's lock for the block."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.me = {"pid": os.getpid(), "host": socket.gethostname()}
-        self._stop = threading.Event()
-        self._heartbeat: threading.Thread | None = None
-
-    def __enter__(self) -> RunLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as handle:
-                json.dump({**self.me, "started": time.time()}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            self._heartbeat = threading.Thread(target=self._beat, name="run-lock", daemon=True)
-            self._heartbeat.start()
-            return
-        raise RunLockedError(f"Could not take the lock {self.path}: other processes keep taking it.")
-
-    def _take_over_if_stale(self) -> None:
-        found = _read(self.path)
-        if found is None:
-            return  # released in the meantime: try again
-        holder, age = found
-        why = stale_reason(holder, age)
-        if why is None:
-            raise RunLockedError(
-                f"Another training process holds this run folder: pid {holder.get('pid')} on host "
-                f"{holder.get('host')}, since {time.ctime(holder.get('started', 0))} ({self.path}). Two trainings in "
-                "one output_dir would overwrite each other's checkpoints: wait for it, stop it, or use another "
-                "output_dir. If that process is gone (a runtime that disconnected), delete the lock file, or wait "
-                f"{STALE_AFTER_SECONDS:.0f} s after its last heartbeat and it is taken over.")
-        try:  # rename first: of two processes taking over at once, one wins and the other sees its lock
-            os.replace(self.path, self.path.with_name(f".{self.path.name}.stale-{os.getpid()}"))
-        except FileNotFoundError:
-            return
-        os.unlink(self.path.with_name(f".{self.path.name}.stale-{os.getpid()}"))
-        log.warning("Took over the lock %s from pid %s on host %s: %s.", self.path, holder.get("pid"),
-                    holder.get("host"), why)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            try:
-                os.utime(self.path)
-            except OSError:  # removed by hand, or the Drive mount hiccupped: the next beat tries again
-                pass
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=5)
-        holder, _ = _read(self.path) or ({}, 0.0)
-        if {k: holder.get(k) for k in self.me} == self.me:  # never remove a lock another process took over
-            self.path.unlink(missing_ok=True)
-
-
-def _read(path: Path) -> tuple[dict, float] | None:
-    """The holder recorded in a lock file (empty if unreadable) and the seconds since its last heartbeat;
-    None when there is no lock file."""
-    try:
-        age = time.time() - path.stat().st_mtime
-        holder = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}, age
-    valid = isinstance(holder, dict) and isinstance(holder.get("pid"), int)
-    return (holder if valid else {}), age
-
-
-def stale_reason(holder: dict, age: float) -> str | None:
-    """Why a lock's holder is gone, or None while it may still be training."""
-    if not holder:
-        return f"the lock file is unreadable and {age:.0f} s old" if age > HEARTBEAT_SECONDS else None
-    if holder.get("host") != socket.gethostname():
-        return f"no heartbeat for {age:.0f} s" if age > STALE_AFTER_SECONDS else None
-    import psutil
-
-    pid = holder.get("pid")
-    try:
-        created = psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, ValueError, TypeError):
-        return f"process {pid} is no longer running"
-    if created > holder.get("started", 0) + 1:
-        return f"process {pid} ended (its number now belongs to a newer process)"
-    return None
+        super().__init__(path, "training process", "run folder",
+                         "Two trainings in one output_dir would overwrite each other's checkpoints", "output_dir")

@@ -102,8 +102,13 @@ def check_table(table: TableFile) -> TableFile:
             if not _is_text(kind):
                 raise UserInputError(f"{table.describe()}: column '{table.column}' holds {kind}, not text; name the "
                                      f"text column with ?column=NAME (text columns: {', '.join(texts) or 'none'}).")
-        elif TEXT_COLUMN in texts or len(texts) == 1:
+        elif TEXT_COLUMN in texts or (len(texts) == 1 and TEXT_COLUMN not in schema.names):
             table.column = TEXT_COLUMN if TEXT_COLUMN in texts else texts[0]
+        elif TEXT_COLUMN in schema.names:  # a column named text that holds numbers or lists
+            raise UserInputError(
+                f"{table.describe()}: its '{TEXT_COLUMN}' column holds {schema.field(TEXT_COLUMN).type}, not text "
+                f"(text columns: {', '.join(texts) or 'none'}): name the column holding the text with ?column=NAME, "
+                "or write the text as strings.")
         else:
             raise UserInputError(
                 f"{table.describe()} has no '{TEXT_COLUMN}' column and {len(texts)} text columns "

@@ -22,12 +22,10 @@ import errno
 import json
 import logging
 import math
-import multiprocessing
 import os
 import random
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,14 +35,25 @@ from tqdm.auto import tqdm
 
 from ..config import DATA, Config, pinned_settings
 from ..config_checks import max_predictions
-from ..errors import UserInputError
+from ..errors import CommandFailed, UserInputError
 from ..runtime import sigterm_as_interrupt
 from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
 from .corpus_tables import TableFile, table_input
-from .data_folder import FORMAT, IDENTITY, MANIFEST, VOCAB, WORK_DIR, Manifest, ShardStats, sha256_file
+from .data_folder import (
+    FORMAT,
+    IDENTITY,
+    MANIFEST,
+    VOCAB,
+    WORK_DIR,
+    Manifest,
+    ShardStats,
+    data_folder_lock,
+    sha256_file,
+)
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
+from .shard_pool import ShardPool, WorkerDied, how_it_ended
 from .tokenizer_json import is_tokenizer_json
 from .vocab import load_vocab, vocab_copy_name, vocab_sha256, vocab_source
 
@@ -80,10 +89,10 @@ def plan_data(config: Config) -> DataPlan:
     check_required(config)
     d, c = config.data, config.corpus
     vocab = load_vocab(d.vocab_file)
-    if is_tokenizer_json(d.vocab_file) and d.do_lower_case:
-        log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
-        d.do_lower_case = False
+    if is_tokenizer_json(d.vocab_file):
+        _check_trainable_with_a_tokenizer_json(config)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
+    _check_not_the_corpus_folder(config.storage.output_dir, c.input, reader)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
     inputs = [table_input(s) if isinstance(s, TableFile) else
               {"path": os.path.abspath(s), "bytes": os.path.getsize(s), "sha256": sha256_file(s)}
@@ -97,14 +106,46 @@ def plan_data(config: Config) -> DataPlan:
     return DataPlan(config, config.storage.output_dir, reader, settings, inputs, identity, len(vocab))
 
 
+def _check_trainable_with_a_tokenizer_json(config: Config) -> None:
+    """Data made with a tokenizer.json is ModernBERT's (BERT takes a vocab.txt), and ModernBERT trains MLM only:
+    next-sentence data made with one could be trained by neither."""
+    d = config.data
+    if not (d.no_nsp or d.pack_sequences):
+        raise UserInputError(
+            f"--vocab_file {d.vocab_file} is a tokenizer.json, which only --model_family modernbert trains, and "
+            "ModernBERT trains masked-LM data only: next-sentence data made with it (the classic recipe) could be "
+            "trained by neither family. Add --recipe modern (packed, MLM only) or --no_nsp; or give a vocab.txt for "
+            "BERT's next-sentence data.")
+    if d.do_lower_case:
+        log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
+        d.do_lower_case = False
+
+
+def _check_not_the_corpus_folder(output_dir: str, inputs: list[str], reader: CorpusReader) -> None:
+    """Refuse to write the data among the corpus files: the next run would count the shards, the manifest and the
+    vocab as corpus (another corpus, so the same command would be refused)."""
+    if "://" in output_dir:
+        return
+    out = os.path.realpath(output_dir)
+    read_whole = [os.path.realpath(i) for i in inputs if "://" not in i and os.path.isdir(i)]  # read recursively
+    beside = {os.path.dirname(os.path.realpath(s)) for s in reader.sources if not isinstance(s, TableFile)}
+    for folder in [*read_whole, *beside]:
+        inside = folder in read_whole and out.startswith(folder + os.sep)
+        if out == folder or inside:
+            raise UserInputError(
+                f"output_dir {output_dir} is {'inside ' if inside else ''}the folder of the corpus ({folder}): the "
+                "shards, manifest.json and vocab would be written among the corpus files and read as corpus by the "
+                f"next run. Choose an --output_dir outside it (e.g. {os.path.join(os.path.dirname(folder), 'data')}); "
+                "nothing was written.")
+
+
 def create_pretraining_data(config: Config) -> Manifest:
     """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
     check_required(config)
     out = check_writable_folder(config.storage.output_dir)
-    plan = plan_data(config)
     try:
-        with sigterm_as_interrupt():
-            return _create(plan, out)
+        with sigterm_as_interrupt(), _locked(out):
+            return _create(plan_data(config), out)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -112,6 +153,18 @@ def create_pretraining_data(config: Config) -> Manifest:
             f"The disk under {out} is full ({exc.strerror}{': ' + str(exc.filename) if exc.filename else ''}). "
             "Free space and run the same command again: complete shards are kept and only the rest is written."
         ) from None
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """The data folder's lock for the block; a folder made only to hold it goes again if nothing was written."""
+    made = not out.exists()
+    try:
+        with data_folder_lock(out):
+            yield
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 def _create(plan: DataPlan, out: Path) -> Manifest:
@@ -148,10 +201,11 @@ def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: f
     """Write the manifest (and the data folder's own vocab.txt or tokenizer.json) once every shard is written."""
     rows = partition.get("rows_read") or [None] * len(plan.inputs)
     inputs = [i if n is None else i | {"rows": n} for i, n in zip(plan.inputs, rows, strict=True)]  # rows used
-    manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
-                        inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds)
-    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
     vocab, name = vocab_source(plan.config.data.vocab_file), vocab_copy_name(plan.config.data.vocab_file)
+    manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
+                        inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds,
+                        vocab_name=name)
+    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
     if is_gcs_url(plan.out):
         from .. import storage
 
@@ -165,7 +219,8 @@ def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: f
     return manifest
 
 
-def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool=None) -> dict[str, ShardStats]:
+def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool: ShardPool | None = None
+                  ) -> dict[str, ShardStats]:
     """Every shard's statistics: complete shards are verified once and kept, the others (re)written (by ``pool``'s
     workers if one was started, else by as many as there are shards to write, up to ``workers``)."""
     shards = {task.name: shard_complete(out, task.name) for task in tasks}
@@ -179,33 +234,36 @@ def _write_shards(tasks: list[ShardTask], out: Path, workers: int, pool=None) ->
         log.info("Writing %d shard(s)%s...", len(pending), " in worker processes" if pool else "")
         bar = stack.enter_context(tqdm(total=len(pending), unit="shard", desc="shards", disable=None))
         written = pool.imap_unordered(write_shard, pending) if pool else map(write_shard, pending)
-        for stats in written:
-            shards[stats.file] = stats
-            bar.update()
+        try:
+            for stats in written:
+                shards[stats.file] = stats
+                bar.update()
+        except WorkerDied as died:
+            pool.close()
+            for partial in out.glob("*.tfrecord.tmp"):  # the stopped workers' unfinished shards
+                partial.unlink(missing_ok=True)
+            raise _worker_died(died, out, len(tasks), sum(s is not None for s in shards.values()),
+                               _worker_count(workers, len(pending))) from None
     return shards
+
+
+def _worker_died(died: WorkerDied, out: Path, total: int, complete: int, workers: int) -> CommandFailed:
+    where = f"while writing {died.task.name}" if died.task is not None else "between shards"
+    memory = died.exitcode == -signal.SIGKILL
+    cause = ("most likely the system ran out of memory and the kernel's out-of-memory killer ended it (`dmesg` "
+             "says so)" if memory else "see the messages above")
+    fix = f"with fewer --workers (now {workers}) or more memory" if memory else "once the cause is fixed"
+    return CommandFailed(
+        f"A worker process {how_it_ended(died.exitcode)} {where} in {out}: {cause}. The {complete} complete "
+        f"shard(s) of {total} are kept; run the same command again, {fix}, to write the rest.")
 
 
 def _worker_count(workers: int, shards: int) -> int:
     return min(workers or os.cpu_count() or 1, shards)
 
 
-def _worker_pool(stack: contextlib.ExitStack, workers: int):
-    with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
-        return stack.enter_context(multiprocessing.get_context("spawn").Pool(
-            workers, initializer=worker_init, initargs=(workers,)))
-
-
-@contextlib.contextmanager
-def _ctrl_c_ignored():
-    """SIGINT ignored while worker processes start (they keep that; this process handles Ctrl-C and stops them)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def _worker_pool(stack: contextlib.ExitStack, workers: int) -> ShardPool:
+    return stack.enter_context(ShardPool(workers, worker_init, (workers,)))
 
 
 def auto_num_shards(corpus_bytes: int) -> int:

@@ -17,13 +17,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import UserInputError
-from .tfrecord import decode_example, read_records
+from ..folder_lock import FolderLock
+from .tfrecord import CorruptRecord, decode_example, read_records
 from .tokenizer_json import TOKENIZER_JSON as TOKENIZER  # the vocab of data made with a tokenizer.json
 
 MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
 IDENTITY = ".identity.json"  # the settings a folder's shards are being made with (before the manifest exists)
 WORK_DIR = ".work"
+LOCK = "create-data.lock"  # held by the one create-data process writing the folder
 FORMAT = "tpu_pretrain.pretraining_data/1"
 TRAIN, EVAL = "train", "eval"
 LOW_FILL = 0.6  # below this share of real tokens, the summary suggests packing
@@ -80,6 +82,7 @@ class Manifest:
     shards: list[ShardStats] = field(default_factory=list)
     format: str = FORMAT
     seconds: float = 0.0
+    vocab_name: str = ""  # the folder's copy of the vocab: vocab.txt or tokenizer.json (empty: data made before)
 
     def totals(self, split: str) -> dict:
         keys = ("documents", "sentences", "tokens", "instances", "masked_tokens", "real_tokens", "random_next", "bytes")
@@ -154,9 +157,35 @@ class Manifest:
                 f"is the aim): a random next segment comes from another document of the same shard, and the "
                 f"{shards} shard(s) hold {documents} document(s). {doc_fix.capitalize()}, use fewer --num_shards "
                 "than documents, or --no_nsp.")
+        found += self._masking_warnings()
+        held_out = self.totals(EVAL)
+        if self.files(EVAL) and not held_out["instances"]:
+            found.append(f"the held-out split is empty: its {held_out['documents']} document(s) gave no instance, so "
+                         "train skips evaluation. Raise --eval_fraction (now "
+                         f"{self.settings.get('eval_fraction')}), or give a larger corpus.")
         if self.settings.get("eval_fraction") and not self.files(EVAL):
             found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
                          f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")
+        return found
+
+
+    def _masking_warnings(self) -> list[str]:
+        """A masking rate reached far below the one asked for (whole words longer than a sequence's budget are
+        never masked: long words of a byte-level BPE)."""
+        found = []
+        for split, key in ((TRAIN, "masked_lm_prob"), (EVAL, "eval_masked_lm_prob")):
+            t, wanted = self.totals(split), self.settings.get(key)
+            if not wanted or not t["real_tokens"] or t["masked_tokens"] >= 0.5 * wanted * t["real_tokens"]:
+                continue
+            whole = self.settings.get("do_whole_word_mask") or self.settings.get("chinese_whole_word")
+            why = (" with whole-word masking: a word of more tokens than a sequence's masking budget "
+                   f"(max_predictions_per_seq={self.settings.get('max_predictions_per_seq')}) is never masked, and "
+                   "these words are long. Leave out --do_whole_word_mask, or mask more per sequence "
+                   "(--max_predictions_per_seq, --max_seq_length)" if whole else
+                   ": the masking budget per sequence is too small (raise --max_predictions_per_seq, or set it to 0 "
+                   "to size it for the rate)")
+            found.append(f"{split}: {t['masked_tokens'] / t['real_tokens']:.1%} of tokens are masked, far below "
+                         f"{key}={wanted}{why}.")
         return found
 
 
@@ -193,6 +222,7 @@ class DataInfo:
     eval_instances: int | None = None
     settings: dict = field(default_factory=dict)
     train_sha256: list[str] = field(default_factory=list)
+    lost_vocab: str = ""  # the vocab file the manifest records and the folder no longer holds
 
     @property
     def vocab_file(self) -> str | None:
@@ -252,10 +282,17 @@ def _info_from_manifest(data_dir: str, manifest: Manifest, splits: tuple[str, ..
             f"{MANIFEST} records): its token ids would mean other words. Put back the vocab given to create-data "
             "(--vocab_file), or run create-data again with this one.")
     settings = manifest.settings
+    lost = "" if vocab or not manifest.vocab_sha256 else manifest.vocab_name or f"{VOCAB} or {TOKENIZER}"
     return DataInfo(data_dir, train, evals, int(settings.get("max_seq_length") or 0),
                     int(settings.get("max_predictions_per_seq") or 0), manifest.vocab_size, manifest.vocab_sha256,
                     manifest.totals(TRAIN)["instances"], manifest.totals(EVAL)["instances"], settings,
-                    [s.sha256 for s in manifest.shards if s.split == TRAIN])
+                    [s.sha256 for s in manifest.shards if s.split == TRAIN], lost)
+
+
+def data_folder_lock(folder: str | os.PathLike) -> FolderLock:
+    """``with data_folder_lock(out):`` one create-data process at a time writes the data folder ``out``."""
+    return FolderLock(Path(folder) / LOCK, "create-data process", "data folder",
+                      "Two create-data runs in one output_dir would write and remove each other's files", "output_dir")
 
 
 def check_not_unfinished(data_dir: str | os.PathLike) -> None:
@@ -283,6 +320,17 @@ def damaged_shards(data_dir: str | os.PathLike) -> list[str]:
     return [s.file for s in manifest.shards if s.sha256 and sha256_file(Path(data_dir) / s.file) != s.sha256]
 
 
+def corrupt_shard_error(data_dir: str | os.PathLike, problem: object) -> UserInputError:
+    """The one message every reader of shards gives for a damaged one (``problem``: what the read found): which
+    shards no longer match the manifest, and what to do."""
+    damaged = damaged_shards(data_dir)
+    which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
+             else "no shard differs from its manifest checksum, so the copy being read may be failing")
+    return UserInputError(
+        f"A shard in {data_dir} is corrupt ({str(problem).splitlines()[0]}): {which}. Copy the data folder again (or "
+        "run create-data again: it rewrites what does not match), then run the same command again (train resumes).")
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """A shard's checksum as the manifest records it."""
     digest = hashlib.sha256()
@@ -296,8 +344,8 @@ def record_shapes(path: str) -> tuple[int, int]:
     """(max_seq_length, max_predictions_per_seq) of the first record of a shard."""
     try:
         first = next(iter(read_records(path)), None)
-    except ValueError as exc:
-        raise UserInputError(f"{path} is not a readable TFRecord file ({exc}).") from None
+    except CorruptRecord as exc:
+        raise corrupt_shard_error(os.path.dirname(path), exc) from None
     if first is None:
         raise UserInputError(f"{path} holds no records.")
     example = decode_example(first)
@@ -318,16 +366,23 @@ def check_token_ids(info: DataInfo, vocab_size: int, records_per_shard: int = 64
     files = info.train_files + info.eval_files
     step = max(1, len(files) // max_shards)
     for path in files[::step]:
-        for index, record in enumerate(read_records(path)):
-            if index == records_per_shard:
-                break
-            example = decode_example(record)
-            for feature in ("input_ids", "masked_lm_ids"):
-                values = example.get(feature)
-                if values is not None and len(values) and int(values.max()) >= vocab_size:
-                    raise UserInputError(
-                        f"{path}, record {index}: {feature} holds the id {int(values.max())} but the model's vocab has "
-                        f"{vocab_size} tokens (ids 0-{vocab_size - 1}). On a TPU such an id is silently clamped to "
-                        "the last one. Make the data with the model's vocab.txt, or use the vocab (and a "
-                        "bert_config_file) the data was made with.")
+        try:
+            _check_ids_of_shard(path, vocab_size, records_per_shard)
+        except CorruptRecord as exc:
+            raise corrupt_shard_error(info.data_dir, exc) from None
+
+
+def _check_ids_of_shard(path: str, vocab_size: int, records_per_shard: int) -> None:
+    for index, record in enumerate(read_records(path)):
+        if index == records_per_shard:
+            break
+        example = decode_example(record)
+        for feature in ("input_ids", "masked_lm_ids"):
+            values = example.get(feature)
+            if values is not None and len(values) and int(values.max()) >= vocab_size:
+                raise UserInputError(
+                    f"{path}, record {index}: {feature} holds the id {int(values.max())} but the model's vocab has "
+                    f"{vocab_size} tokens (ids 0-{vocab_size - 1}). On a TPU such an id is silently clamped to "
+                    "the last one. Make the data with the model's vocab.txt, or use the vocab (and a "
+                    "bert_config_file) the data was made with.")
 

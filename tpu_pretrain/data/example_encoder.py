@@ -4,14 +4,15 @@ Each row of a batch of feature arrays becomes a record: its length and that leng
 serialised ``Example`` (the feature map in sorted key order, as ``SerializeToString(deterministic=True)``
 writes it: integers as a packed ``Int64List``, floats as a packed ``FloatList``), and the record's masked
 CRC32C. Written with NumPy, or record by record in Python, this was a third of create-data's time on short
-documents; compiled it is a few percent. Compiled code is cached beside this module (or in numba's user cache
-where that is read-only), so only the first run on a machine pays the compilation.
+documents; compiled it is a few percent. Compiled code is cached beside this module (or elsewhere where that is
+read-only: :mod:`.compiled`), so only the first run on a machine pays the compilation.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from .compiled import njit
 
 _CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
 
@@ -34,7 +35,7 @@ def _crc32c_tables() -> np.ndarray:
 _TABLES = _crc32c_tables()
 
 
-@numba.njit(cache=True)
+@njit()
 def _masked_crc32c(buf, start, end):
     """TFRecord's masked CRC32C of ``buf[start:end]``."""
     crc = 0xFFFFFFFF
@@ -52,7 +53,7 @@ def _masked_crc32c(buf, start, end):
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _varint_size(value):
     """Bytes of ``value`` as a protobuf varint (a negative int64 takes ten, as two's complement)."""
     if value < 0:
@@ -69,7 +70,7 @@ def _varint_size(value):
     return size
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _put_varint(buf, pos, value):
     if value < 0:  # two's complement, ten bytes
         bits = np.uint64(value)
@@ -90,14 +91,14 @@ def _put_varint(buf, pos, value):
     return pos + 1
 
 
-@numba.njit(cache=True)
+@njit()
 def _put_uint32_le(buf, pos, value):
     for k in range(4):
         buf[pos + k] = (value >> (8 * k)) & 0xFF
     return pos + 4
 
 
-@numba.njit(cache=True)
+@njit()
 def _payload_size(ints, row, is_float, col, width):
     if is_float:
         return 4 * width
@@ -107,7 +108,7 @@ def _payload_size(ints, row, is_float, col, width):
     return size
 
 
-@numba.njit(cache=True)
+@njit()
 def _entry_sizes(payload, key_length):
     """(value list, feature, entry body) sizes of one map entry whose packed values take ``payload`` bytes."""
     value_list = 1 + _varint_size(payload) + payload
@@ -116,7 +117,7 @@ def _entry_sizes(payload, key_length):
     return value_list, feature, body
 
 
-@numba.njit(cache=True)
+@njit()
 def _encode(ints, floats, is_float, cols, widths, keys, key_starts):
     n, n_features = ints.shape[0], len(widths)
     payloads = np.zeros((n, n_features), dtype=np.int64)
@@ -173,6 +174,8 @@ def encode_framed(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     another, and the offsets where each starts (``n + 1`` of them: the last is the end)."""
     names = sorted(batch)
     n = len(batch[names[0]]) if names else 0
+    if n == 0:  # a block or a shard that gave no instance (a tiny corpus)
+        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
     arrays = [np.asarray(batch[name]).reshape(n, -1) for name in names]
     is_float = np.array([np.issubdtype(a.dtype, np.floating) for a in arrays], dtype=np.bool_)
     widths = np.array([a.shape[1] for a in arrays], dtype=np.int64)
@@ -191,7 +194,7 @@ def encode_framed(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     return _encode(ints, floats, is_float, cols, widths, key_bytes, key_starts)
 
 
-@numba.njit(cache=True)
+@njit()
 def _gather(buffer, offsets, order):
     sizes = offsets[1:] - offsets[:-1]
     out = np.empty(len(buffer), dtype=np.uint8)
@@ -206,7 +209,9 @@ def reordered(batches: list[tuple[np.ndarray, np.ndarray]], order: np.ndarray) -
     """The framed records of several batches (each as :func:`encode_framed` returns it) in ``order`` (record
     numbers counted across the batches). ``batches`` is emptied once copied, so at most two copies of the
     records are held at a time."""
-    buffer = np.concatenate([b for b, _ in batches]) if batches else np.zeros(0, dtype=np.uint8)
+    if not batches:  # no instance: no record
+        return np.zeros(0, dtype=np.uint8)
+    buffer = np.concatenate([b for b, _ in batches])
     bases = np.cumsum([0] + [int(o[-1]) for _, o in batches[:-1]])
     offsets = np.concatenate([o[:-1] + base for (_, o), base in zip(batches, bases, strict=True)] + [[len(buffer)]])
     batches.clear()

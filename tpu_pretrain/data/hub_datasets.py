@@ -16,6 +16,8 @@ offline copy, and the tests.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -94,10 +96,11 @@ def resolve_commit(dataset: HubDataset, revision: str, token: str | None) -> str
     if environment_override("TPU_PRETRAIN_HUB_MIRROR"):
         return None
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        return HfApi(token=token).dataset_info(dataset.repo, revision=revision or None).sha
+        with reaching_the_hub(dataset):
+            return HfApi(token=token).dataset_info(dataset.repo, revision=revision or None).sha
     except GatedRepoError:
         raise UserInputError(f"Dataset {dataset.repo} is gated: accept its terms on huggingface.co/datasets/"
                              f"{dataset.repo} and give a token of that account (HF_TOKEN).") from None
@@ -107,9 +110,32 @@ def resolve_commit(dataset: HubDataset, revision: str, token: str | None) -> str
         raise UserInputError(
             f"Dataset {dataset.repo} is not on the Hub, or it is private and no token with access was given: check "
             "the name, or set HF_TOKEN (Colab, Kaggle: a secret named HF_TOKEN).") from None
-    except (HfHubHTTPError, OSError) as exc:
-        raise UserInputError(f"The Hub could not be reached for dataset {dataset.repo} ({type(exc).__name__}): "
-                             "check the connection and run the same command again.") from None
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """What the Hub's client raises when the Hub cannot be reached: its HTTP errors, OS errors, and the transport
+    errors of the HTTP library it uses (httpx, or httpx2 in newer releases: neither is an OSError)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    found: list[type[BaseException]] = [HfHubHTTPError, OSError]
+    for name in ("httpx", "httpx2"):
+        if importlib.util.find_spec(name) is not None:
+            found.append(importlib.import_module(name).TransportError)
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def reaching_the_hub(dataset: HubDataset):
+    """The Hub out of reach (no network, a proxy, an outage) is a message naming the dataset, never a traceback."""
+    try:
+        yield
+    except _unreachable_errors() as exc:
+        if isinstance(exc, FileNotFoundError) or getattr(getattr(exc, "response", None), "status_code", 0) in (
+                401, 403, 404):  # answered: a missing file, or refused; said where it is asked
+            raise
+        raise UserInputError(f"The Hub could not be reached for dataset {dataset.repo} ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}): check the connection (and "
+                             "HF_ENDPOINT, a proxy), then run the same command again.") from None
 
 
 def dataset_tables(url: str) -> list[TableFile]:
@@ -118,15 +144,17 @@ def dataset_tables(url: str) -> list[TableFile]:
     token = hub_token()
     fs = hub_filesystem(token)
     revision = dataset.revision
-    chosen, config, root, commit = _split_files(fs, dataset, revision, token)
-    if not chosen and not revision:  # no parquet in the repository: the Hub's conversion has them
-        revision = CONVERTED
+    with reaching_the_hub(dataset):
         chosen, config, root, commit = _split_files(fs, dataset, revision, token)
+        if not chosen and not revision:  # no parquet in the repository: the Hub's conversion has them
+            revision = CONVERTED
+            chosen, config, root, commit = _split_files(fs, dataset, revision, token)
     if not chosen:
         raise UserInputError(f"Dataset {dataset.repo} has no parquet files (nor a parquet conversion on the Hub): "
                              "it cannot be streamed; download it and give its text files.")
     record = {"dataset": dataset.repo, "config": config, "split": dataset.split, "revision": commit or revision or None}
-    tables = [check_table(TableFile(f"{root}/{rel}", dataset.column, fs, dict(record))) for rel in chosen]
+    with reaching_the_hub(dataset):
+        tables = [check_table(TableFile(f"{root}/{rel}", dataset.column, fs, dict(record))) for rel in chosen]
     if not sum(t.rows for t in tables):
         raise UserInputError(f"Dataset {dataset.repo}, split '{dataset.split}' is empty: its file(s) "
                              f"{', '.join(t.name for t in tables[:_SHOWN])} hold no rows.")

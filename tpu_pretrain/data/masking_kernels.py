@@ -8,11 +8,12 @@ generator, shapes and order as before, so the shards are byte for byte what the 
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from .compiled import njit
 
-@numba.njit(cache=True)
+
+@njit()
 def layout(ids, cont, a_start, a_len, b_start, b_len, length, cls_id, sep_id):
     """``[CLS] A [SEP] (B [SEP])`` per row: token ids, segment ids, input mask, which tokens are real (not
     [CLS], [SEP], a packed document's separator or padding) and which continue a word."""
@@ -45,7 +46,7 @@ def layout(ids, cont, a_start, a_len, b_start, b_len, length, cls_id, sep_id):
     return tokens, segment_ids, input_mask, real, continues
 
 
-@numba.njit(cache=True)
+@njit()
 def words(real, continues, whole_word):
     """Each real token's word (a token starts one unless, in whole-word mode, it continues a real previous
     token), each word's length in tokens, and each row's number of words."""
@@ -66,7 +67,7 @@ def words(real, continues, whole_word):
     return word_of, word_length, n_words
 
 
-@numba.njit(cache=True)
+@njit()
 def greedy_selection(real, word_of, word_length, n_words, keys, budgets):
     """Which tokens are masked: each row's words in the order of their random ``keys`` (ascending), each taken
     while it still fits the row's budget of tokens. The walk stops once the budget is full (no word is empty),
@@ -97,7 +98,7 @@ def greedy_selection(real, word_of, word_length, n_words, keys, budgets):
     return selected
 
 
-@numba.njit(cache=True)
+@njit()
 def predictions(selected, tokens, max_predictions):
     """The masked positions of each row in ascending order, the tokens there, and 1.0 weights, padded to
     ``max_predictions`` (the original BERT schema's ``masked_lm_*`` features)."""

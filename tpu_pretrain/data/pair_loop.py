@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import random
 
-import numba
 import numpy as np
 
+from .compiled import njit
 from .python_random import below, export_state, import_state, ones_in_bits, uniform
 
 
-@numba.njit(cache=True)
+@njit()
 def truncation_counts(len_a, len_b, max_num_tokens):
     """Tokens Google's ``truncate_seq_pair`` removes from A and B (it always trims the longer; B on ties)."""
     excess = len_a + len_b - max_num_tokens
@@ -33,7 +33,7 @@ def truncation_counts(len_a, len_b, max_num_tokens):
     return rest // 2, cut_b + (rest + 1) // 2
 
 
-@numba.njit(cache=True)
+@njit()
 def _pairs(starts, lengths, doc_first, max_num_tokens, short_seq_prob, nsp, passes, batch, state):
     n_docs = len(doc_first) - 1
     out = np.zeros((passes * len(lengths) + 1, 5), dtype=np.int64)  # a chunk uses at least one sentence

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import random
 
-import numba
 import numpy as np
+
+from .compiled import njit
 
 _N, _M = 624, 397
 _POSITION = _N  # the state array holds the 624 words, then the index of the next one
@@ -30,7 +31,7 @@ def import_state(rng: random.Random, state: np.ndarray) -> None:
     rng.setstate((3, tuple(int(word) for word in state), None))
 
 
-@numba.njit(cache=True)
+@njit()
 def next_word(state):
     """The next 32-bit output (CPython's ``genrand_uint32``)."""
     position = state[_POSITION]
@@ -50,7 +51,7 @@ def next_word(state):
     return y ^ (y >> 18)
 
 
-@numba.njit(cache=True)
+@njit()
 def uniform(state):
     """``random.random()``: 53 random bits as a float in [0, 1)."""
     high = next_word(state) >> 5
@@ -58,7 +59,7 @@ def uniform(state):
     return (high * 67108864.0 + low) * (1.0 / 9007199254740992.0)
 
 
-@numba.njit(cache=True)
+@njit()
 def below(state, n):
     """``random._randbelow(n)`` for ``0 < n < 2**32``: ``randint(low, low + n - 1) - low`` draws the same."""
     bits = 0
@@ -70,7 +71,7 @@ def below(state, n):
     return value
 
 
-@numba.njit(cache=True)
+@njit()
 def ones_in_bits(state, k):
     """How many ones ``random.getrandbits(k)`` holds (its 32-bit words are drawn low word first; the last
     word keeps its high bits)."""
@@ -86,7 +87,7 @@ def ones_in_bits(state, k):
     return ones
 
 
-@numba.njit(cache=True)
+@njit()
 def _shuffle_order(n, state):
     order = np.arange(n)
     for i in range(n - 1, 0, -1):

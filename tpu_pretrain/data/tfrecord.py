@@ -147,6 +147,11 @@ class AtomicRecordWriter:
         self.tmp_path.unlink(missing_ok=True)
 
 
+class CorruptRecord(ValueError):
+    """A record whose framing or checksum is wrong: the shard is damaged (readers name it with
+    :func:`.data_folder.corrupt_shard_error`)."""
+
+
 def read_records(path: str | os.PathLike) -> Iterable[bytes]:
     """The records of a TFRecord file, each CRC checked (for verification without TensorFlow)."""
     with open(path, "rb") as handle:
@@ -155,14 +160,14 @@ def read_records(path: str | os.PathLike) -> Iterable[bytes]:
             if not header:
                 return
             if len(header) < 12:
-                raise ValueError(f"{path}: truncated record header")
+                raise CorruptRecord(f"{path}: truncated record header")
             (length,) = struct.unpack("<Q", header[:8])
             if struct.unpack("<I", header[8:])[0] != _masked_crc(header[:8]):
-                raise ValueError(f"{path}: record header CRC mismatch")
+                raise CorruptRecord(f"{path}: record header CRC mismatch")
             data = handle.read(length)
             footer = handle.read(4)
             if len(data) < length or len(footer) < 4 or struct.unpack("<I", footer)[0] != _masked_crc(data):
-                raise ValueError(f"{path}: truncated or corrupt record")
+                raise CorruptRecord(f"{path}: truncated or corrupt record")
             yield data
 
 
@@ -184,12 +189,12 @@ class RecordFile:
         offsets, pos = [], 0
         while pos < size:
             if pos + 12 > size:
-                raise ValueError(f"{self.path}: truncated record header at byte {pos}")
+                raise CorruptRecord(f"{self.path}: truncated record header at byte {pos}")
             (length,) = struct.unpack_from("<Q", self._map, pos)
             offsets.append(pos + 12)
             pos += 12 + length + 4
         if pos != size:
-            raise ValueError(f"{self.path}: the last record is truncated")
+            raise CorruptRecord(f"{self.path}: the last record is truncated")
         self.offsets = np.asarray(offsets, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -200,7 +205,7 @@ class RecordFile:
         (length,) = struct.unpack_from("<Q", self._map, start - 12)
         data = self._map[start:start + length]
         if struct.unpack_from("<I", self._map, start + length)[0] != _masked_crc(data):
-            raise ValueError(f"{self.path}: record {index} is corrupt (CRC mismatch)")
+            raise CorruptRecord(f"{self.path}: record {index} is corrupt (CRC mismatch)")
         return data
 
 

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from .tokenizer_json import TokenizerJson, is_tokenizer_json
-from .vocab import load_vocab
+from .vocab import load_vocab, vocab_source
 from .vocab_tokenizer import VocabTokenizer
 
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -69,4 +69,4 @@ def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> VocabTokenize
     FullTokenizer; a tokenizer.json (or a model folder holding one) is that file's own tokenizer."""
     if is_tokenizer_json(vocab_file):
         return TokenizerJson(vocab_file)
-    return BertTokenizer(vocab_file, do_lower_case=do_lower_case)
+    return BertTokenizer(str(vocab_source(vocab_file)), do_lower_case=do_lower_case)

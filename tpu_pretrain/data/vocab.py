@@ -33,7 +33,10 @@ def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
         from .tokenizer_json import tokenizer_tokens
 
         return tokenizer_tokens(vocab_file)
-    path = Path(vocab_file)
+    path = vocab_source(vocab_file)
+    if Path(vocab_file).is_dir() and not path.is_file():
+        raise UserInputError(f"Folder '{vocab_file}' holds no vocab.txt or {TOKENIZER_JSON} (check --vocab_file): "
+                             "give the vocab file, or the folder of a model that has one.")
     if not path.is_file():
         raise UserInputError(f"Vocab file '{path}' does not exist (check --vocab_file).")
     try:
@@ -82,8 +85,11 @@ def vocab_sha256(vocab_file: str | os.PathLike) -> str:
 
 
 def vocab_source(vocab_file: str | os.PathLike) -> Path:
-    """The file a vocab_file setting names: itself, or a model folder's tokenizer.json."""
-    return tokenizer_json_file(vocab_file) if is_tokenizer_json(vocab_file) else Path(vocab_file)
+    """The file a vocab_file setting names: itself, or a model folder's tokenizer.json (else its vocab.txt)."""
+    if is_tokenizer_json(vocab_file):
+        return tokenizer_json_file(vocab_file)
+    path = Path(vocab_file)
+    return path / "vocab.txt" if path.is_dir() else path
 
 
 def vocab_copy_name(vocab_file: str | os.PathLike) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numba
 import numpy as np
+
+from .compiled import njit
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -63,7 +64,7 @@ class WordPieceTable:
         return np.split(ids, id_offsets[1:-1])
 
 
-@numba.njit(cache=True)
+@njit()
 def _hash(text, start, end, continuation):
     h = _FNV_OFFSET ^ (_CONTINUATION if continuation else np.uint64(0))
     for k in range(start, end):
@@ -71,7 +72,7 @@ def _hash(text, start, end, continuation):
     return h
 
 
-@numba.njit(cache=True)
+@njit()
 def _fill_slots(data, starts, lengths, continuation, size):
     """Open addressing, linear probing, the table at most half full."""
     slots = np.full(size, -1, dtype=np.int64)
@@ -84,7 +85,7 @@ def _fill_slots(data, starts, lengths, continuation, size):
     return slots
 
 
-@numba.njit(cache=True)
+@njit()
 def _find(text, start, end, continuation, data, starts, lengths, key_continuation, ids, slots):
     """The id of ``text[start:end]`` as a word-initial piece or a continuation, or -1."""
     mask = np.uint64(len(slots) - 1)
@@ -104,7 +105,7 @@ def _find(text, start, end, continuation, data, starts, lengths, key_continuatio
     return -1
 
 
-@numba.njit(cache=True)
+@njit()
 def _word_pieces(text, start, end, out, count, data, starts, lengths, key_continuation, ids, slots, longest, unk_id,
                  max_word_chars):
     """WordPiece of the word ``text[start:end]`` into ``out`` from ``count``; the new count."""
@@ -131,7 +132,7 @@ def _word_pieces(text, start, end, out, count, data, starts, lengths, key_contin
     return count
 
 
-@numba.njit(cache=True)
+@njit()
 def wordpiece(raw, text, offsets, data, starts, lengths, key_continuation, ids, slots, longest, unk_id,
               max_word_chars):
     """Ids of every text ``raw[offsets[i]:offsets[i + 1]]`` (UTF-8; ``text`` is it lower-cased where the vocab is),
@@ -178,7 +179,7 @@ def wordpiece(raw, text, offsets, data, starts, lengths, key_continuation, ids, 
     return out[:count], out_offsets, span_starts[:spans], span_ends[:spans]
 
 
-@numba.njit(cache=True)
+@njit()
 def _splice(ids, offsets, span_ids, span_offsets):
     """``ids`` with each span's stand-in replaced by the span's ids, and the texts' new offsets."""
     total = 0

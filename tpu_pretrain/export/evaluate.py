@@ -21,8 +21,8 @@ import numpy as np
 
 from ..core.metrics import add_sums, metrics_from_sums
 from ..core.run_folder import EVALUATION, RunFolder
-from ..data.data_folder import EVAL, feature_shapes, read_data_info
-from ..data.tfrecord import decode_examples, read_records
+from ..data.data_folder import EVAL, corrupt_shard_error, feature_shapes, read_data_info
+from ..data.tfrecord import CorruptRecord, decode_examples, read_records
 from ..errors import UserInputError
 from ..storage.local import check_writable_folder, write_text_atomic
 from .fill_mask import fill_mask, format_fill_mask
@@ -78,13 +78,16 @@ def eval_batches(files: list[str], batch_size: int, max_seq_length: int, max_pre
 
     pending, made = [], 0
     for path in sorted(files):
-        for record in read_records(path):
-            pending.append(record)
-            if len(pending) == batch_size:
-                yield batch(pending)
-                pending, made = [], made + 1
-                if max_batches and made >= max_batches:
-                    return
+        try:
+            for record in read_records(path):
+                pending.append(record)
+                if len(pending) == batch_size:
+                    yield batch(pending)
+                    pending, made = [], made + 1
+                    if max_batches and made >= max_batches:
+                        return
+        except CorruptRecord as exc:
+            raise corrupt_shard_error(os.path.dirname(path), exc) from None
     if pending:
         yield batch(pending)
 

@@ -23,9 +23,9 @@ from collections import deque
 import numpy as np
 
 from ..core.example_ids import example_id
-from ..data.data_folder import damaged_shards, feature_shapes
+from ..data.data_folder import corrupt_shard_error, feature_shapes
 from ..data.dynamic_masking import DynamicMasking, dynamic_mask
-from ..data.tfrecord import RecordFile, decode_examples
+from ..data.tfrecord import CorruptRecord, RecordFile, decode_examples
 from ..errors import UserInputError
 
 # What a training step takes: the model's inputs and what the losses compare them with.
@@ -72,8 +72,8 @@ class ShardSet:
         self.files = sorted(files)
         try:
             self.shards = [RecordFile(f) for f in self.files]
-        except ValueError as exc:
-            raise UserInputError(f"A shard is not a readable TFRecord file: {exc}") from None
+        except CorruptRecord as exc:
+            raise corrupt_shard_error(os.path.dirname(self.files[0]), exc) from None
         counts = [len(s) for s in self.shards]
         self.first = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         self.total = int(self.first[-1])
@@ -152,14 +152,8 @@ def decoded(records: ShardSet, shard: np.ndarray, record: np.ndarray, shapes: di
     """The features of these records; a damaged one is named as the TensorFlow backend names it, not a traceback."""
     try:
         return decode_examples(records.read(shard, record), shapes)
-    except ValueError as exc:
-        data_dir = os.path.dirname(records.files[0])
-        damaged = damaged_shards(data_dir)
-        which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
-                 else "no shard differs from its manifest checksum, so the copy being read may be failing")
-        raise UserInputError(
-            f"A shard in {data_dir} is corrupt ({exc}): {which}. Copy the data folder again (or run create-data "
-            "again: it rewrites what does not match), then run train again; it resumes.") from None
+    except ValueError as exc:  # a CRC that does not match, or a record that is not an Example
+        raise corrupt_shard_error(os.path.dirname(records.files[0]), exc) from None
 
 
 def batch_shapes(batch_size: int, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple]:

@@ -126,9 +126,8 @@ def _http_download(url: str, dest: Path, progress: bool | None) -> None:
             if isinstance(exc, urllib.error.HTTPError) and exc.code < 500:
                 raise DownloadError(f"{url} cannot be fetched: HTTP {exc.code} {exc.reason}.") from None
             if attempt == ATTEMPTS:
-                raise DownloadError(f"{url} cannot be fetched after {ATTEMPTS} attempts ({exc!r}); run again to "
-                                    f"continue from the {part.stat().st_size if part.exists() else 0} bytes "
-                                    "already here.") from None
+                raise DownloadError(f"{url} cannot be fetched after {ATTEMPTS} attempts ({exc!r}); "
+                                    f"{_what_a_rerun_does(part)}") from None
             log.warning("Download of %s stopped (%r); continuing (attempt %d of %d).", url, exc, attempt + 1,
                         ATTEMPTS)
             time.sleep(min(30, 2 ** attempt))
@@ -138,6 +137,23 @@ def _http_download(url: str, dest: Path, progress: bool | None) -> None:
                             "to the URL, or download it yourself and give the local file.")
     os.replace(part, dest)
     part.with_name(part.name + ".json").unlink(missing_ok=True)
+
+
+def _what_a_rerun_does(part: Path) -> str:
+    """What running the command again will really do with the bytes already here: continue, or start over."""
+    have = part.stat().st_size if part.exists() else 0
+    meta = _read_json(part.with_name(part.name + ".json"))
+    if not have:
+        return "run again to fetch it once the server or the connection is back."
+    if meta.get("ranges") is False:
+        why = "the server ignores Range requests (asked for the rest, it sent the whole file)"
+    elif not (meta.get("validator") or meta.get("size") or meta.get("unsized")):
+        why = ("the server sent neither the file's length nor a validator (ETag, Last-Modified), so bytes fetched "
+               "later could not be checked to belong to the same file")
+    else:
+        return f"run again to continue from the {have} bytes already here."
+    return (f"running again fetches it from the start, since {why}: the {have} bytes here cannot be continued. "
+            "On a connection this unsteady, download it with another tool and give the local file.")
 
 
 def _fetch_part(url: str, part: Path, progress: bool | None) -> bool:
@@ -178,7 +194,9 @@ def _fetch_part(url: str, part: Path, progress: bool | None) -> bool:
             length = response.headers.get("Content-Length")
             total = int(length) if length else None
             validator = response.headers.get("ETag") or response.headers.get("Last-Modified")
-            meta = {"url": url, "validator": validator, "size": total, "whole": meta.get("whole")}
+            ignored = "Range" in headers and headers.get("If-Range") in (None, validator)  # the same file, whole
+            meta = {"url": url, "validator": validator, "size": total, "whole": meta.get("whole"),
+                    "ranges": False if ignored else meta.get("ranges")}
             meta_file.write_text(json.dumps(meta))
         _receive(response, part, "ab" if continuing else "wb", have if continuing else 0, total, progress)
         chunked = response.chunked  # a chunked body that ends early raises IncompleteRead: one that ends is whole
@@ -212,17 +230,27 @@ def _receive(response, part: Path, mode: str, have: int, total: int | None, prog
 
 
 def _refuse_web_page(url: str, response) -> None:
-    """An HTML page is not a corpus (a GitHub "blob" link, a sign-in page): refused before a byte is kept."""
+    """An HTML page is not a corpus (a GitHub "blob" link, a sign-in page): refused before a byte is kept, whether
+    the server says so (Content-Type) or only its first bytes do (no type, or text/plain)."""
     kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-    if kind not in ("text/html", "application/xhtml+xml"):
+    if kind in ("text/html", "application/xhtml+xml"):
+        what = f"Content-Type {kind}"
+    elif response.status == 200 and _starts_like_html(response.peek(512)[:512]):
+        what = f"{'Content-Type ' + kind if kind else 'no Content-Type'}, but it begins as an HTML page does"
+    else:
         return
     parsed = urllib.parse.urlparse(url)
     hint = "Give the address of the file itself (a download or \"raw\" link)."
     if parsed.netloc == "github.com" and "/blob/" in parsed.path:
         raw = f"https://raw.githubusercontent.com{parsed.path.replace('/blob/', '/', 1)}"
         hint = f"That is GitHub's page about the file; the file itself is {raw}"
-    raise DownloadError(f"{url} is a web page (Content-Type {kind}), not a corpus file: its markup would be read as "
-                        f"text. {hint}")
+    raise DownloadError(f"{url} is a web page ({what}), not a corpus file: its markup would be read as text. {hint} "
+                        "(To train on markup after all, download it yourself and give the local file.)")
+
+
+def _starts_like_html(head: bytes) -> bool:
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip().lower()
+    return text.startswith((b"<!doctype html", b"<html"))
 
 
 def _range_start(response) -> int | None:

@@ -18,7 +18,7 @@ from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_
 from ..core.peaks import group_peak
 from ..core.resolve import RunPlan
 from ..core.schedules import Schedule
-from ..data.data_folder import DataInfo, damaged_shards
+from ..data.data_folder import DataInfo, corrupt_shard_error
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
 from .input import DynamicMasking, distributed_dataset
@@ -38,13 +38,7 @@ def corrupt_shards_named(data: DataInfo):
     try:
         yield
     except tf.errors.DataLossError as exc:
-        damaged = damaged_shards(data.data_dir)
-        which = (f"{', '.join(damaged)} no longer match(es) the checksums in the manifest" if damaged
-                 else "no shard differs from its manifest checksum, so the copy being read may be failing")
-        raise UserInputError(
-            f"A shard in {data.data_dir} is corrupt ({exc.message.splitlines()[0]}): {which}. Copy the data folder "
-            "again (or run create-data again: it rewrites what does not match), then run train again; it resumes."
-        ) from None
+        raise corrupt_shard_error(data.data_dir, exc.message) from None
 
 
 class Trainer:

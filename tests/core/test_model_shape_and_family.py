@@ -1,0 +1,54 @@
+"""What a run trains when its model_size disagrees with its init checkpoint's shape (issue 37, item 15): the
+checkpoint's shape, said, and a config.json that records no other size. (A run continued as another model family:
+test_bpe_tokenizer.py.)"""
+
+import json
+import logging
+
+import pytest
+
+from tpu_pretrain.config import Config
+from tpu_pretrain.core.bert_config import bert_config_for_size
+from tpu_pretrain.core.modernbert_config import modernbert_config_for_size
+from tpu_pretrain.core.resolve import RunPlan
+from tpu_pretrain.core.run_folder import RunFolder
+from tpu_pretrain.data.create import create_pretraining_data
+from tpu_pretrain.data.sample_corpus import write_sample_corpus
+from tpu_pretrain.data.vocab import build_vocab, load_vocab
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """MLM-only data (what both families train) and its vocab.txt."""
+    root = tmp_path_factory.mktemp("shape")
+    corpus = write_sample_corpus(root / "corpus.txt", max_chars=30_000)
+    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1200, num_unused_tokens=5, output_dir=str(root)))
+    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
+                                        recipe="modern", max_seq_length=64, dupe_factor=1, num_shards=1, workers=1))
+    return root
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_model_size_beside_a_checkpoint_of_another_shape_is_said_and_not_recorded(data, tmp_path, family, caplog):
+    checkpoint = tmp_path / "released"
+    checkpoint.mkdir()
+    tokens = load_vocab(data / "vocab.txt")
+    if family == "bert":
+        bert_config_for_size("L4-H256", len(tokens)).to_json_file(checkpoint / "bert_config.json")
+    else:
+        ids = {name: tokens.index(token) for name, token in (("pad_token_id", "[PAD]"), ("cls_token_id", "[CLS]"),
+                                                              ("sep_token_id", "[SEP]"), ("mask_token_id", "[MASK]"),
+                                                              ("bos_token_id", "[CLS]"), ("eos_token_id", "[SEP]"))}
+        modernbert_config_for_size("L4-H256", len(tokens), 512, **ids).to_json_file(checkpoint / "config.json")
+    caplog.set_level(logging.WARNING, logger="tpu_pretrain")
+    plan = RunPlan.resolve(Config.load(data_dir=str(data / "data"), output_dir=str(tmp_path / "run"),
+                                       model_family=family, model_size="L2-H128", init_checkpoint=str(checkpoint)))
+    assert (plan.model_config.num_hidden_layers, plan.model_config.hidden_size) == (4, 256)  # the checkpoint's
+    assert f"model_size L2-H128 is not the shape of init_checkpoint {checkpoint} (4 layers, hidden 256" in caplog.text
+    run = RunFolder(tmp_path / "run")
+    run.write_run_files(plan.config, plan.model_config, plan.vocab_file)
+    assert json.loads(run.config_file.read_text())["model"]["model_size"] == ""  # not the size it does not train
+    caplog.clear()
+    same = RunPlan.resolve(Config.load(data_dir=str(data / "data"), output_dir=str(tmp_path / "run2"),
+                                       model_family=family, model_size="L4-H256", init_checkpoint=str(checkpoint)))
+    assert same.config.model.model_size == "L4-H256" and "is not the shape" not in caplog.text
