@@ -15,8 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
-    ("errors", "formatting", "runtime", "release", "tpu_stack", "environment", "backend", "tpu_diagnosis",
-     "tpu_env", "workers"),
+    ("errors", "formatting", "runtime", "release", "pinned_sets", "child_process", "environment", "backend"),
     ("storage",),
     ("config", "config_checks"),
     ("data",),

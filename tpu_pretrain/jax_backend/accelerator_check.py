@@ -23,7 +23,7 @@ RESULT = "result.json"
 def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", timeout: float = 1800.0) -> int:
     """Run the check in a child process, its lines streamed; print the verdict (and save it to ``save``); 0 when
     training works."""
-    from ..tpu_env import stream
+    from ..child_process import stream
 
     with tempfile.TemporaryDirectory(prefix="accelerator-check-") as folder:
         command = [sys.executable, "-m", __name__, folder, "--model_size", model_size, "--batch", str(batch),

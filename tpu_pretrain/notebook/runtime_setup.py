@@ -19,9 +19,9 @@ from pathlib import Path
 from .. import storage
 from ..backend import AUTO, JAX, jax_installed
 from ..errors import UserInputError
+from ..pinned_sets import CPU_GPU_SET, NO_DEPS
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from ..storage import drive
-from ..tpu_stack import CPU_GPU_SET, NO_DEPS
 from . import places
 from .params import Parameters, check_placeholders, parameters
 from .views import describe_runtime

@@ -39,7 +39,7 @@ PLACED = ("data_dir", "output_dir", "mirror_dir", "vocab_file")
 @functools.cache
 def tpu_environment():
     """The TPU environment (built once per session, then reused), for the ``tpu-pretrain`` processes on a TPU VM."""
-    from ..tpu_env import prepare_tpu_environment
+    from ..tf_backend.setup.tpu_env import prepare_tpu_environment
 
     return prepare_tpu_environment()
 
@@ -52,7 +52,7 @@ def run(arguments: list[str], backend: str | None = None, curves: LiveCurves | N
     else, and for the JAX backend (the image's own JAX), this kernel's.
     """
     if tpu_vm_present() and backend == TENSORFLOW:
-        from ..tpu_env import child_environment
+        from ..tf_backend.setup.tpu_env import child_environment
 
         environment = tpu_environment()
         return stream(environment.command(arguments), curves, refresh_seconds, child_environment(environment.path))

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tensorflow as tf
-
 from ..core.checkpoints import TF_PREFIX
+from .framework import tf
 
 
 class TensorFlowState:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import tensorflow as tf
-
 from ..config import Config
 from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums
 from ..core.peaks import group_peak
@@ -21,6 +19,7 @@ from ..core.schedules import Schedule
 from ..data.data_folder import DataInfo, damaged_shards
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
+from .framework import tf
 from .input import DynamicMasking, distributed_dataset
 from .model import build_pretraining_model, dropout_seed
 from .optimization import create_optimizer

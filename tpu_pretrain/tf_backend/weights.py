@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from ..core.weight_names import NSP_WEIGHTS, read_checkpoint_weights, tf_checkpoint_prefix
 from ..errors import UserInputError
+from .framework import tf
 from .model import PretrainingModel
 
 log = logging.getLogger(__name__)
