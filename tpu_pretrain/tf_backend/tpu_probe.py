@@ -67,6 +67,7 @@ def probe(folder: Path, cpu: bool) -> dict:
         tf.config.set_logical_device_configuration(device, [tf.config.LogicalDeviceConfiguration()] * 2)
     from ..config import Config
     from ..core.checkpoints import CheckpointManager
+    from ..core.run_folder import RunFolder
     from ..data.random_data import write_random_data_folder
     from .accelerator import detect_accelerator
     from .trainer import Trainer
@@ -82,7 +83,7 @@ def probe(folder: Path, cpu: bool) -> dict:
     trainer = Trainer(config, accelerator)
     losses = [trainer.train_steps(1)["loss"] for _ in range(2)]
     print(f"two training steps: loss {losses[0]:.4f}, {losses[1]:.4f}", flush=True)
-    manager = CheckpointManager(folder / "run" / "checkpoints", trainer.checkpoint_state(), keep_max=1)
+    manager = CheckpointManager(RunFolder(folder / "run").checkpoints, trainer.checkpoint_state(), keep_max=1)
     saved = manager.save(trainer.step)
     expected = [w.numpy() for w in trainer.model.weights]
     trainer.train_steps(1)
