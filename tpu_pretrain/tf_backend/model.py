@@ -1,4 +1,4 @@
-"""The BERT pretraining model, built with bert4keras (its shape: :mod:`.bert_config`; its weights by
+"""The BERT pretraining model, built with bert4keras (its shape: :mod:`..core.bert_config`; its weights by
 name: :mod:`.weights`).
 
 Why not bert4keras's own ``with_mlm=True`` head: it computes full-vocabulary logits for every token,

@@ -10,7 +10,8 @@ from .framework import tf
 
 
 class TensorFlowState:
-    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's :class:`CheckpointState`."""
+    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's
+    :class:`..core.checkpoints.CheckpointState`."""
 
     def __init__(self, checkpoint):
         self.checkpoint = checkpoint

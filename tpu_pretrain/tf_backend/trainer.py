@@ -3,7 +3,7 @@
 Losses are normalised over the *global* batch, so 1 or N replicas, and k accumulated micro-batches,
 give the same update; several steps run per compiled call (TPU); the input is opened at an exact step,
 its order a pure function of (seed, records consumed), and dropout draws its masks from a stream keyed by
-(seed, step, replica, micro-batch), so a resumed run continues exactly. The loop around it is :mod:`.loop`.
+(seed, step, replica, micro-batch), so a resumed run continues exactly. The loop around it is :mod:`..core.loop`.
 """
 
 from __future__ import annotations
