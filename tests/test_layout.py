@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 LAYERS = (
     ("errors", "formatting", "runtime", "release", "pinned_sets", "child_process", "environment", "backend"),
     ("storage",),
-    ("config", "config_checks"),
+    ("settings", "config", "config_checks"),
     ("data",),
     ("core",),
     ("tf_backend", "jax_backend"),
