@@ -151,6 +151,21 @@ def test_the_data_package_and_the_run_core_import_no_framework(package):
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_tensorflow_backends_set_up_loads_no_tensorflow():
+    """The command line and notebook kernels use ``tf_backend.setup`` where TensorFlow must not load: neither it nor
+    ``tf_backend/__init__`` imports a framework (not even lazily, nor through ``environment.import_tensorflow``), nor a
+    module of the backend outside the set-up; the ``__init__`` imports nothing of the package at all."""
+    wrong = []
+    for name, path in ALL.items():
+        if name == "tpu_pretrain.tf_backend" or name.startswith("tpu_pretrain.tf_backend.setup"):
+            wrong += [f"{name}:{line} imports {module}" for module, line in third_party_imports(path)
+                      if module in FRAMEWORKS]
+            wrong += [f"{name}:{line} imports {t} {names}" for t, names, line in imports(name, path)
+                      if name == "tpu_pretrain.tf_backend" or "import_tensorflow" in names
+                      or t.startswith("tpu_pretrain.tf_backend") and not t.startswith("tpu_pretrain.tf_backend.setup")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_backends_are_siblings():
     """Dropping a backend is deleting its folder: neither imports the other, and JAX's never imports TensorFlow."""
     wrong = []
