@@ -15,10 +15,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
-    ("errors", "formatting", "runtime", "release", "tpu_stack", "environment", "backend", "tpu_diagnosis",
-     "tpu_env", "workers", "folder_lock"),
+    ("errors", "formatting", "runtime", "release", "pinned_sets", "child_process", "environment", "backend",
+     "folder_lock"),
     ("storage",),
-    ("config", "config_checks"),
+    ("settings", "config", "config_checks"),
     ("data",),
     ("core",),
     ("tf_backend", "jax_backend"),
@@ -149,6 +149,21 @@ def test_the_data_package_and_the_run_core_import_no_framework(package):
     wrong = [f"{name}:{line} imports {module}" for name, path in ALL.items()
              if name.startswith(f"tpu_pretrain.{package}") for module, line in third_party_imports(path)
              if module in FRAMEWORKS]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_tensorflow_backends_set_up_loads_no_tensorflow():
+    """The command line and notebook kernels use ``tf_backend.setup`` where TensorFlow must not load: neither it nor
+    ``tf_backend/__init__`` imports a framework (not even lazily, nor through ``environment.import_tensorflow``), nor a
+    module of the backend outside the set-up; the ``__init__`` imports nothing of the package at all."""
+    wrong = []
+    for name, path in ALL.items():
+        if name == "tpu_pretrain.tf_backend" or name.startswith("tpu_pretrain.tf_backend.setup"):
+            wrong += [f"{name}:{line} imports {module}" for module, line in third_party_imports(path)
+                      if module in FRAMEWORKS]
+            wrong += [f"{name}:{line} imports {t} {names}" for t, names, line in imports(name, path)
+                      if name == "tpu_pretrain.tf_backend" or "import_tensorflow" in names
+                      or t.startswith("tpu_pretrain.tf_backend") and not t.startswith("tpu_pretrain.tf_backend.setup")]
     assert not wrong, "\n".join(wrong)
 
 

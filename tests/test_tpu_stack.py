@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tpu_pretrain import environment, tpu_env
+from tpu_pretrain import child_process, environment
+from tpu_pretrain.pinned_sets import CPU_GPU_SET, TPU_SET, normalize, pins
 from tpu_pretrain.runtime import COLAB, KAGGLE, LOCAL
-from tpu_pretrain.tpu_diagnosis import (
+from tpu_pretrain.tf_backend.setup import tpu_env
+from tpu_pretrain.tf_backend.setup.tpu_diagnosis import (
     error_findings,
     lock_findings,
     no_tpu_finding,
@@ -25,16 +27,7 @@ from tpu_pretrain.tpu_diagnosis import (
     python_findings,
     stack_findings,
 )
-from tpu_pretrain.tpu_stack import (
-    CPU_GPU_SET,
-    LIBTPU_FOR_TENSORFLOW_TPU,
-    TPU_SET,
-    inspect_stack,
-    normalize,
-    pins,
-    report_offenders,
-    tpu_pins,
-)
+from tpu_pretrain.tf_backend.setup.tpu_stack import LIBTPU_FOR_TENSORFLOW_TPU, inspect_stack, report_offenders, tpu_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 TPU_BUILD = environment.installed_version("tensorflow-tpu") is not None  # running in the TPU environment
@@ -324,10 +317,11 @@ def test_the_package_installs_itself_from_its_checkout_and_finds_an_interpreter(
 
 def test_stream_passes_lines_on_and_stops_a_command_at_its_timeout():
     lines = []
-    status, tail = tpu_env.stream([sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"],
+    status, tail = child_process.stream([sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"],
                                   echo=lines.append)
     assert status == 3 and lines == ["one\n", "two\n"] and tail == "one\ntwo\n"
-    status, _ = tpu_env.stream([sys.executable, "-c", "import time; time.sleep(60)"], echo=lines.append, timeout=1)
+    status, _ = child_process.stream([sys.executable, "-c", "import time; time.sleep(60)"], echo=lines.append,
+                                     timeout=1)
     assert status == -signal.SIGKILL
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tpu_pretrain.cli import main
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.workers import Workers, find_workers, wait_for_workers
+from tpu_pretrain.tf_backend.setup.workers import Workers, find_workers, wait_for_workers
 
 
 def free_ports(count: int) -> list[int]:

@@ -2,8 +2,8 @@
 
 Importing the package sets what TensorFlow reads when it is imported (Keras 2 for bert4keras; the TPU
 runtime's variables) and never imports TensorFlow itself, so a notebook kernel on a TPU runtime can use
-the TPU environment (:mod:`.tpu_env`) without loading TensorFlow. Whether tf-keras and bert4keras are
-installed is checked where the TensorFlow backend is first used (:mod:`.train.model`), so the data steps
+the TPU environment (:mod:`.tf_backend.setup.tpu_env`) without loading TensorFlow. Whether tf-keras and bert4keras
+are installed is checked where the TensorFlow backend is first used (:mod:`.tf_backend.model`), so the data steps
 and the JAX backend run without them.
 """
 

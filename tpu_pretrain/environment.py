@@ -22,8 +22,8 @@ import tempfile
 from importlib import metadata, util
 from pathlib import Path
 
+from .pinned_sets import NO_DEPS, pins
 from .runtime import tpu_vm_present
-from .tpu_stack import NO_DEPS, pins
 
 BERT4KERAS_VERSION = pins(NO_DEPS)["bert4keras"]  # the package's requirement file names the version
 # What TensorFlow's PJRT runtime needs on a TPU v5e (Google's keras-rs TPU CI sets the same).
@@ -139,7 +139,8 @@ def check_dependencies() -> None:
     no_deps = "--no-deps " if installed_version("tensorflow-tpu") else ""
     if not tf_version:
         problems.append("TensorFlow is not installed: pip install 'tpu_pretrain[cpu]' (the CPU/GPU build); on a TPU "
-                        "VM, train through tpu_pretrain.tpu_env, which makes the TPU build's own environment")
+                        "VM, train through tpu_pretrain.tf_backend.setup.tpu_env, which makes the TPU build's own "
+                        "environment")
     elif not tfk_version:
         problems.append(f"tf-keras is missing: pip install {no_deps}'tf-keras=={minor_version(tf_version)}.*'")
     elif minor_version(tf_version) != minor_version(tfk_version):

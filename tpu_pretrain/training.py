@@ -20,7 +20,7 @@ from .core.protocol import Trainer
 from .core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
 from .errors import UserInputError
 from .storage.local import check_writable_folder
-from .workers import find_workers, wait_for_workers
+from .tf_backend.setup.workers import find_workers, wait_for_workers
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ def resolve_backend(requested: str, output_dir: str = "", config: Config | None 
 
 def make_trainer(config: Config) -> Trainer:
     """The trainer of the configured backend, after checking that it offers every setting asked for and, on
-    several machines, that the other workers are up (:mod:`.workers`). A backend asked for by name is checked
-    before whether it is installed: it could not train these settings either way."""
+    several machines, that the other workers are up (:mod:`.tf_backend.setup.workers`). A backend asked for by name
+    is checked before whether it is installed: it could not train these settings either way."""
     if config.train.backend != AUTO:
         check_offered(config.train.backend, config, set_by=recipe_settings(config))
     backend, reason = resolve_backend(config.train.backend, config.storage.output_dir, config)

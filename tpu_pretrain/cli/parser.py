@@ -81,9 +81,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, names: Sequence[str]) 
 def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     base = getattr(args, "config", None)
-    saved = os.path.join(overrides.get("output_dir", ""), "config.json")
-    if base is None and getattr(args, "command", None) in ("train", "plan") and os.path.isfile(saved):
-        base = saved  # an existing run folder continues (or is planned) with its settings; flags override the safe ones
+    if base is None and getattr(args, "command", None) in ("train", "plan"):
+        from ..core.run_folder import RunFolder
+
+        saved = RunFolder(overrides.get("output_dir", "")).config_file
+        if saved.is_file():  # an existing run folder continues (or is planned) with its settings; flags override
+            base = str(saved)  # the safe ones
     return Config.load(base, **overrides)
 
 

@@ -60,7 +60,7 @@ def _tpu_env_arguments(parser: argparse.ArgumentParser) -> None:
          "tf-keras, checked file by file; optionally run a tpu-pretrain command in it.", (),
          arguments=_tpu_env_arguments)
 def _tpu_env(config: Config, args: argparse.Namespace) -> int:
-    from ..tpu_env import prepare_tpu_environment
+    from ..tf_backend.setup.tpu_env import prepare_tpu_environment
 
     environment = prepare_tpu_environment(args.venv, python=args.python, extras=args.extras, rebuild=args.rebuild)
     command_args = args.args[1:] if args.args[:1] == ["--"] else args.args

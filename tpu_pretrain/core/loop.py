@@ -1,7 +1,8 @@
-"""``train()``: resume, train until the next boundary, do the boundary's work (log, evaluate, save), stop.
+"""The training loop (:func:`run_training`): resume, train until the next boundary, do the boundary's work (log,
+evaluate, save), stop.
 
-The loop is the same for both backends: it drives a :class:`Trainer` (TensorFlow's
-:class:`.trainer.Trainer` or :class:`..jax_backend.trainer.JaxTrainer`), which owns the model, the
+The loop is the same for both backends: :func:`..training.train` hands it a :class:`.protocol.Trainer` (TensorFlow's
+:class:`..tf_backend.trainer.Trainer` or :class:`..jax_backend.trainer.JaxTrainer`), which owns the model, the
 optimizer, the input and the state a checkpoint holds. Checkpoints are saved every
 ``save_checkpoints_steps`` and/or ``save_checkpoints_minutes``, at the end, and before stopping for the session
 deadline or SIGTERM/SIGINT, or because the durable copy fell too far behind (:mod:`.mirror`);

@@ -8,8 +8,9 @@ pointer and the run files a fresh runtime needs (:data:`.run_folder.MIRRORED`), 
 counted): a copy that would not fit is not started. Pruning on Drive deletes the files this tool wrote for good,
 so that they stop counting against the quota (:func:`..storage.drive.remove_written`). A failed pass is retried
 at the loop's next boundary, so a mirror that recovers catches up before the next save; the loop asks
-:meth:`CheckpointMirror.behind` at every save and stops training when the copy is too far behind, with
-:meth:`CheckpointMirror.problem` saying what failed and how to fix it. Files move with the run's transfer
+:meth:`CheckpointMirror.check_before_save` at every save (and :meth:`CheckpointMirror.finish` at the end) and stops
+training when the copy is too far behind, with the log saying what failed and how to fix it (:func:`fix_for`). Files
+move with the run's transfer
 settings (workers, retries, chunk sizes).
 """
 
@@ -39,7 +40,7 @@ from .checkpoints import (
     step_of,
 )
 from .mirror_owner import check_fetch_target, keep_claim
-from .run_folder import CHECKPOINTS, CONFIG, MIRRORED, RunFolder
+from .run_folder import CHECKPOINTS, MIRRORED, RunFolder, config_file_at
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +382,7 @@ def _drive_sizes(path: str) -> dict[str, int]:
 def fetch_run(mirror: str, run_dir: str | os.PathLike, options: TransferOptions | None = None) -> bool:
     """Bring a run from its mirror to a new runtime's local folder: its run files and its newest complete
     checkpoint, so that ``train``, ``evaluate`` and ``export`` work there. False when the mirror holds no run."""
-    if not storage.exists(storage.join(mirror, CONFIG)):
+    if not storage.exists(config_file_at(mirror)):
         return False
     run = RunFolder(run_dir)
     check_fetch_target(mirror, run)

@@ -28,6 +28,7 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import storage
 from ..config import RUN, Config, all_fields, pinned_settings
 from ..data.data_folder import data_vocab_file
 from ..data.tokenizer_json import TOKENIZER_JSON as TOKENIZER  # a run's vocab when its data used a tokenizer.json
@@ -58,6 +59,12 @@ MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, MODERNBERT_CONFIG, VOCAB, TOKENIZER, 
 # Model fields a run may change between sessions (dropout does not change the weights' shapes).
 UNPINNED_MODEL_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout",
                          "attention_dropout", "mlp_dropout")
+
+
+def config_file_at(place: str | os.PathLike) -> str:
+    """A run's ``config.json`` at any place, a durable copy's too (a local or Drive folder, ``gs://...``): the file
+    whose presence says a run is there, and whose settings name its backend."""
+    return storage.join(place, CONFIG)
 
 
 class RunFolder:

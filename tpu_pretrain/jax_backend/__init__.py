@@ -1,15 +1,23 @@
-"""The second training backend: the same BERT, data and run folder, trained with Keras 3 on JAX.
+"""The second training backend: the same BERT (and ModernBERT), data and run folder, trained with Keras 3 on JAX.
 
 For TPU runtimes whose images ship JAX and no usable TensorFlow (Colab's, Kaggle's); it needs neither
-TensorFlow nor bert4keras. ``train(backend="jax")`` (or ``--backend jax``) uses it; the training loop,
-the run folder, the checkpoints' folder format and mirror are the TensorFlow backend's own.
+TensorFlow nor bert4keras. ``train(backend="jax")`` (or ``--backend jax``) uses it. It implements the run core's
+trainer contract (:class:`..core.protocol.Trainer`) in :mod:`.trainer`; the training loop, the run folder, the
+checkpoints' folder format and their mirror are the core's (:mod:`..core`), shared with the TensorFlow backend.
 
 - ``devices``: the JAX devices, the data-parallel mesh and the precision.
-- ``model``: BERT in Keras 3 layers, and its weights by Google's checkpoint names.
+- ``families``: the one place that picks BERT or ModernBERT: the model, its weights' names and stored layout.
+- ``model``: BERT in Keras 3 layers, and its weights by Google's checkpoint names; ``modernbert``: ModernBERT in
+  Keras 3 layers (transformers' ``ModernBertForMaskedLM``), its weights by transformers' names.
 - ``optimizer``: AdamW and LAMB with BERT's schedule and clipping, as pure functions of arrays.
-- ``input``: the shards read without TensorFlow, in an order that is a pure function of (seed, records consumed).
+- ``input``: the shards read without TensorFlow, in an order that is a pure function of (seed, records consumed);
+  ``prefetch``: batches placed on the devices by a thread while the steps run.
+- ``stats``: the core's MLM/NSP statistics in ``jax.numpy``.
 - ``state``: a checkpoint's ``state.npz`` (weights, optimizer slots, step), read with NumPy alone.
 - ``trainer``: model, optimizer and input of one configuration, and its compiled steps.
+- ``inference``: the run used for evaluate, probe and export.
+- ``accelerator_check``: ``tpu-check --backend jax``, the run's model and batch timed on the chips.
+- ``plan``: ``tpu-pretrain plan``, the training step compiled for a TPU that is not here.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ RESULT = "result.json"
 def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", timeout: float = 1800.0) -> int:
     """Run the check in a child process, its lines streamed; print the verdict (and save it to ``save``); 0 when
     training works."""
-    from ..tpu_env import stream
+    from ..child_process import stream
 
     with tempfile.TemporaryDirectory(prefix="accelerator-check-") as folder:
         command = [sys.executable, "-m", __name__, folder, "--model_size", model_size, "--batch", str(batch),
@@ -61,6 +61,7 @@ def measure(folder: Path, model_size: str, batch: int, steps: int) -> dict:
     from ..config import Config
     from ..core.bert_config import bert_config_for_size, training_flops_per_sequence
     from ..core.checkpoints import CheckpointManager
+    from ..core.run_folder import RunFolder
     from ..data.random_data import write_random_data_folder
     from .trainer import JaxTrainer
 
@@ -76,7 +77,7 @@ def measure(folder: Path, model_size: str, batch: int, steps: int) -> dict:
     loss = trainer.train_steps(steps)["loss"]
     rate = steps * batch / (time.perf_counter() - start)
     print(f"{steps} steps of {batch} x {SEQ} tokens: {rate:.1f} sequences/s, loss {loss:.3f}", flush=True)
-    manager = CheckpointManager(folder / "run" / "checkpoints", trainer.checkpoint_state(), keep_max=1)
+    manager = CheckpointManager(RunFolder(folder / "run").checkpoints, trainer.checkpoint_state(), keep_max=1)
     manager.save(trainer.step)
     expected = trainer.google_weights()
     trainer.train_steps(1)

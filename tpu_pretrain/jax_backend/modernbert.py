@@ -10,7 +10,7 @@ others attend to keys at most ``local_attention // 2`` positions away on either 
 where [PAD] is not id 0 (a tokenizer.json's vocab), from the zero ids after a row's last other id, as the data pads.
 
 Attention goes through ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers by
-:func:`..model.fused_attention` (cuDNN's fused kernel where it applies, XLA's otherwise), local layers by XLA's
+:func:`.model.fused_attention` (cuDNN's fused kernel where it applies, XLA's otherwise), local layers by XLA's
 with a boolean mask of padding and window (cuDNN has no two-sided window); a training call with attention dropout,
 or the ``explicit`` path, writes it out. Weights move by transformers' state-dict names (:func:`hf_variables`).
 
@@ -112,7 +112,7 @@ def explicit_masked_attention(q, k, v, mask, dropout=None, training=False):
 
 def windowed_attention(q, k, v, mask):
     """XLA's fused attention under a full ``[batch, 1, queries, keys]`` mask (float16 computed in float32 off a
-    GPU, where XLA refuses its mixed float16 dots, as :func:`..model.fused_attention` does)."""
+    GPU, where XLA refuses its mixed float16 dots, as :func:`.model.fused_attention` does)."""
     if q.dtype == jnp.float16 and jax.default_backend() != "gpu":
         return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
                                             implementation="xla").astype(q.dtype)
@@ -163,9 +163,9 @@ class ModernBertLayer(keras.layers.Layer):
 
 class PretrainingModernBert(keras.Model):
     """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits]`` (float32 ``[batch, predictions,
-    vocab]``): :class:`..model.PretrainingBert`'s contract. ``segment_ids`` are accepted and ignored (ModernBERT
+    vocab]``): :class:`.model.PretrainingBert`'s contract. ``segment_ids`` are accepted and ignored (ModernBERT
     has no token types); the head runs at the masked positions only. ``attention``: one of
-    :data:`..model.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
+    :data:`.model.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
     """
 
     def __init__(self, config: ModernBertConfig, dtype=None, attention: str | None = None, **kwargs):
@@ -218,7 +218,7 @@ class PretrainingModernBert(keras.Model):
 
 def build_modernbert(config: ModernBertConfig, max_seq_length: int, max_predictions_per_seq: int, dtype=None,
                      attention: str | None = None) -> PretrainingModernBert:
-    """The model with its weights created by one symbolic call (shapes only), as :func:`..model.build_model`."""
+    """The model with its weights created by one symbolic call (shapes only), as :func:`.model.build_model`."""
     config.check_sequence_length(max_seq_length)
     model = PretrainingModernBert(config, dtype=dtype, attention=attention)
     tokens = keras.KerasTensor((1, max_seq_length), "int32")

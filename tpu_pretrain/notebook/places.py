@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from .. import storage
+from ..core.run_folder import CONFIG, RunFolder, config_file_at
 from ..errors import UserInputError
 from ..runtime import COLAB, KAGGLE, runtime
 from ..storage import drive
@@ -68,14 +69,14 @@ def attached_runs(run_name: str) -> list[str]:
     ``tpu_pretrain/runs/<run_name>``, or one in any folder of an input), newest checkpoint first."""
     if runtime() != KAGGLE or not kaggle_input().is_dir():
         return []
-    found = {config.parent for config in kaggle_input().glob(f"**/runs/{run_name}/config.json")}
+    found = {config.parent for config in kaggle_input().glob(f"**/runs/{run_name}/{CONFIG}")}
     return [str(folder) for folder in sorted(found, key=_newest_step, reverse=True)]
 
 
 def _newest_step(run: Path) -> int:
     from ..core.checkpoints import list_checkpoints
 
-    return max((c.step for c in list_checkpoints(run / "checkpoints")), default=-1)
+    return max((c.step for c in list_checkpoints(RunFolder(run).checkpoints)), default=-1)
 
 
 def run_source(params) -> str:
@@ -85,7 +86,7 @@ def run_source(params) -> str:
     if params.get("resume_from"):
         return params.resume_from
     mirror = run_mirror(params)
-    if storage.exists(storage.join(mirror, "config.json")):
+    if storage.exists(config_file_at(mirror)):
         return mirror
     attached = [] if params.get("start_over") else attached_runs(params.run_name)
     if attached:

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from .. import storage
 from ..backend import AUTO, JAX, jax_installed
+from ..core.run_folder import config_file_at
 from ..errors import UserInputError
+from ..pinned_sets import CPU_GPU_SET, NO_DEPS
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from ..storage import drive
-from ..tpu_stack import CPU_GPU_SET, NO_DEPS
 from . import places
 from .params import Parameters, check_placeholders, parameters
 from .views import describe_runtime
@@ -79,7 +80,7 @@ def settle_backend(requested: str, source: str | None = None) -> str:
     from ..backend import choose_backend
     from ..training import backend_in_settings
 
-    config = storage.join(source, "config.json") if source else None
+    config = config_file_at(source) if source else None
     recorded = backend_in_settings(json.loads(storage.read_text(config))) if config and storage.exists(config) else None
     if recorded:
         if requested not in (AUTO, recorded):

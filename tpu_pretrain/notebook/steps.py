@@ -23,6 +23,7 @@ from .. import storage
 from ..backend import AUTO, TENSORFLOW
 from ..cli import EXIT_FAILED, EXIT_STOPPED_EARLY
 from ..config import TRAIN, step_settings
+from ..core.run_folder import RunFolder, config_file_at
 from ..errors import UserInputError
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from ..storage import drive
@@ -39,7 +40,7 @@ PLACED = ("data_dir", "output_dir", "mirror_dir", "vocab_file")
 @functools.cache
 def tpu_environment():
     """The TPU environment (built once per session, then reused), for the ``tpu-pretrain`` processes on a TPU VM."""
-    from ..tpu_env import prepare_tpu_environment
+    from ..tf_backend.setup.tpu_env import prepare_tpu_environment
 
     return prepare_tpu_environment()
 
@@ -52,7 +53,7 @@ def run(arguments: list[str], backend: str | None = None, curves: LiveCurves | N
     else, and for the JAX backend (the image's own JAX), this kernel's.
     """
     if tpu_vm_present() and backend == TENSORFLOW:
-        from ..tpu_env import child_environment
+        from ..tf_backend.setup.tpu_env import child_environment
 
         environment = tpu_environment()
         return stream(environment.command(arguments), curves, refresh_seconds, child_environment(environment.path))
@@ -166,7 +167,7 @@ def evaluate(run_dir: str, data_dir: str, sentences: list[str], top_k: int = 5) 
     else:
         print(f"No data at {data_dir!r}: held-out figures are skipped (fill-mask still runs).")
     run_or_raise(arguments, recorded_backend(run_dir))
-    return f"Results saved in {os.path.join(run_dir, 'evaluation.json')}."
+    return f"Results saved in {RunFolder(run_dir).evaluation_file}."
 
 
 def export(run_dir: str, destination: str | os.PathLike) -> Path:
@@ -182,7 +183,7 @@ def fetch_if_missing(run_dir: str, source: str) -> None:
     """On a new runtime, bring the run back from its durable copy so training continues it."""
     from ..core.mirror import fetch_run
 
-    if os.path.isfile(os.path.join(run_dir, "config.json")) or not storage.exists(storage.join(source, "config.json")):
+    if RunFolder(run_dir).config_file.is_file() or not storage.exists(config_file_at(source)):
         return
     fetch_run(source, run_dir)
     print(f"Fetched the run from {source}: it continues from its newest checkpoint.")

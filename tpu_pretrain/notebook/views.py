@@ -95,6 +95,7 @@ class LiveCurves:
         self.drawn = None
 
     def refresh(self) -> None:
+        from ..core.run_folder import RunFolder
         from ..errors import UserInputError
         from ..export.plots import plot_scalars, read_scalars
 
@@ -108,7 +109,7 @@ class LiveCurves:
             return
         from IPython.display import Image, display
 
-        path = self.run_dir / "plots" / "live.png"
+        path = RunFolder(self.run_dir).curves_file.with_name("live.png")  # beside the curves evaluate draws
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=90)
         image = Image(filename=str(path))

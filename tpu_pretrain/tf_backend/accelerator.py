@@ -8,10 +8,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import tensorflow as tf
-
 from ..runtime import tpu_vm_present
 from .cluster import Cluster, find_cluster, multi_worker_strategy
+from .framework import tf
 from .tpu import AcceleratorError, connect_tpu, no_tpu_error
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ global batches as one process. One writer: the chief (task 0) alone holds the ru
 writes checkpoints, logs and the mirror; the others take part in every save (TensorFlow's saves may
 hold collective operations) into a scratch folder they delete, and restore from the chief's
 checkpoints. A stop (deadline, SIGTERM) on any worker is agreed by all, so none waits forever for a
-step the others will not run; before the strategy connects them, :mod:`..workers` has waited (named, bounded,
+step the others will not run; before the strategy connects them, :mod:`.setup.workers` has waited (named, bounded,
 stoppable) until every worker is up.
 """
 
@@ -16,9 +16,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import tensorflow as tf
-
-from ..workers import find_workers
+from .framework import tf
+from .setup.workers import find_workers
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ class Cluster:
 
 
 def find_cluster(worker_hosts: str = "", task_index: int = 0) -> Cluster | None:
-    """The cluster named by the flags, else by ``TF_CONFIG`` (checked by :func:`..workers.find_workers`); None for
+    """The cluster named by the flags, else by ``TF_CONFIG`` (checked by :func:`.setup.workers.find_workers`); None for
     one machine."""
     workers = find_workers(worker_hosts, task_index)
     if workers is None:

@@ -14,12 +14,10 @@ import numpy as np
 
 from ..core.bert_config import BertConfig
 from ..core.run_weights import TENSORFLOW
-from ..environment import import_tensorflow
+from .framework import tf
 from .model import PretrainingModel, build_pretraining_model
 from .stats import pretraining_stats
 from .weights import google_weights, load_google_weights
-
-tf = import_tensorflow()  # with TensorFlow's C++ start-up noise filtered out
 
 log = logging.getLogger(__name__)
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")

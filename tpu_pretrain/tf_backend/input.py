@@ -7,12 +7,11 @@ on 1 or N replicas sees the same global batches (replicas take consecutive per-r
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from ..core.example_ids import example_id
 from ..data.data_folder import feature_shapes
 from ..data.dynamic_masking import DynamicMasking
 from ..errors import UserInputError
+from .framework import tf
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:

@@ -1,4 +1,4 @@
-"""The BERT pretraining model, built with bert4keras (its shape: :mod:`.bert_config`; its weights by
+"""The BERT pretraining model, built with bert4keras (its shape: :mod:`..core.bert_config`; its weights by
 name: :mod:`.weights`).
 
 Why not bert4keras's own ``with_mlm=True`` head: it computes full-vocabulary logits for every token,
@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..environment import EnvironmentSetupError, check_dependencies
+from .framework import tf
 
 check_dependencies()  # before bert4keras: a missing or mismatched install is named with its fix
 if getattr(sys.modules.get("keras"), "__version__", "2").startswith("3"):
@@ -26,7 +27,6 @@ if getattr(sys.modules.get("keras"), "__version__", "2").startswith("3"):
                                 "the name keras for tf-keras: use the TensorFlow backend in a new Python process "
                                 "(or restart the notebook kernel).")
 
-import tensorflow as tf
 from bert4keras.backend import align, attention_normalize
 from bert4keras.layers import Dense, Dropout, Embedding, Lambda, LayerNormalization, MultiHeadAttention, ScaleOffset
 from bert4keras.models import BERT

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import tensorflow as tf
-
 from ..core.schedules import Schedule, learning_rate
+from .framework import tf
 
 keras = tf.keras
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tensorflow as tf
-
 from ..core.checkpoints import TF_PREFIX
+from .framework import tf
 
 
 class TensorFlowState:
-    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's :class:`CheckpointState`."""
+    """A ``tf.train.Checkpoint`` (model, optimizer) as the TensorFlow backend's
+    :class:`..core.checkpoints.CheckpointState`."""
 
     def __init__(self, checkpoint):
         self.checkpoint = checkpoint

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from ..core import metrics
+from .framework import tf
 
 
 class TensorFlowOps:

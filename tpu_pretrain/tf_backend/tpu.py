@@ -1,8 +1,8 @@
 """Connecting to the TPU of a TPU VM, and saying exactly why it failed when it does.
 
-The TensorFlow that can do this is the pinned TPU build in its own environment (:mod:`tpu_pretrain.tpu_env`),
+The TensorFlow that can do this is the pinned TPU build in its own environment (:mod:`.setup.tpu_env`),
 with the PJRT variables that :mod:`tpu_pretrain.environment` sets before TensorFlow is imported. A failure is
-explained by :mod:`tpu_pretrain.tpu_diagnosis`: the cause and the fix, from the installed distributions, the
+explained by :mod:`.setup.tpu_diagnosis`: the cause and the fix, from the installed distributions, the
 variables TensorFlow was imported with, the TPU's lock and the error's own text.
 """
 
@@ -12,11 +12,10 @@ import math
 import os
 from dataclasses import dataclass
 
-import tensorflow as tf
-
 from ..environment import tpu_variables_at_import
 from ..errors import UserInputError
-from ..tpu_diagnosis import diagnose, explain
+from .framework import tf
+from .setup.tpu_diagnosis import diagnose, explain
 
 
 class AcceleratorError(UserInputError):

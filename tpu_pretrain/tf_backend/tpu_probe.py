@@ -4,7 +4,7 @@ The probe runs in a child process (``python -m tpu_pretrain.tf_backend.tpu_probe
 reports its type, chips and cores, runs two training steps of a tiny BERT through the real trainer, saves a
 checkpoint, changes the weights with a third step, restores the checkpoint and compares, then exits, so the TPU
 is released when the check ends. The parent never imports TensorFlow: when the child aborts, hangs or fails,
-it still gives the verdict and the diagnosis (:mod:`tpu_pretrain.tpu_diagnosis`). ``--cpu`` runs the same
+it still gives the verdict and the diagnosis (:mod:`.setup.tpu_diagnosis`). ``--cpu`` runs the same
 steps on two logical CPU devices (without XLA) where no TPU exists, which is how CI exercises this path.
 """
 
@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..child_process import stream
 from ..environment import installed_version
 from ..runtime import tpu_vm_present
-from ..tpu_diagnosis import diagnose, explain
-from ..tpu_env import stream
+from .setup.tpu_diagnosis import diagnose, explain
 
 RESULT = "result.json"
 VOCAB, SEQ, PRED = 128, 32, 5
@@ -59,13 +59,15 @@ def verdict(result: dict, seconds: float) -> str:
 def probe(folder: Path, cpu: bool) -> dict:
     """Connect, train two steps, save, perturb, restore and compare; what happened, as a dict."""
     import numpy as np
-    import tensorflow as tf
+
+    from .framework import tf
 
     if cpu:
         device = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(device, [tf.config.LogicalDeviceConfiguration()] * 2)
     from ..config import Config
     from ..core.checkpoints import CheckpointManager
+    from ..core.run_folder import RunFolder
     from ..data.random_data import write_random_data_folder
     from .accelerator import detect_accelerator
     from .trainer import Trainer
@@ -81,7 +83,7 @@ def probe(folder: Path, cpu: bool) -> dict:
     trainer = Trainer(config, accelerator)
     losses = [trainer.train_steps(1)["loss"] for _ in range(2)]
     print(f"two training steps: loss {losses[0]:.4f}, {losses[1]:.4f}", flush=True)
-    manager = CheckpointManager(folder / "run" / "checkpoints", trainer.checkpoint_state(), keep_max=1)
+    manager = CheckpointManager(RunFolder(folder / "run").checkpoints, trainer.checkpoint_state(), keep_max=1)
     saved = manager.save(trainer.step)
     expected = [w.numpy() for w in trainer.model.weights]
     trainer.train_steps(1)

@@ -3,15 +3,13 @@
 Losses are normalised over the *global* batch, so 1 or N replicas, and k accumulated micro-batches,
 give the same update; several steps run per compiled call (TPU); the input is opened at an exact step,
 its order a pure function of (seed, records consumed), and dropout draws its masks from a stream keyed by
-(seed, step, replica, micro-batch), so a resumed run continues exactly. The loop around it is :mod:`.loop`.
+(seed, step, replica, micro-batch), so a resumed run continues exactly. The loop around it is :mod:`..core.loop`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-
-import tensorflow as tf
 
 from ..config import Config
 from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums
@@ -21,6 +19,7 @@ from ..core.schedules import Schedule
 from ..data.data_folder import DataInfo, corrupt_shard_error
 from ..errors import UserInputError
 from .accelerator import Accelerator, detect_accelerator, set_precision_policy
+from .framework import tf
 from .input import DynamicMasking, distributed_dataset
 from .model import build_pretraining_model, dropout_seed
 from .optimization import create_optimizer

@@ -18,21 +18,20 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .environment import environment_override
-from .errors import UserInputError
+from ...child_process import stream
+from ...environment import environment_override
+from ...errors import UserInputError
+from ...pinned_sets import NO_DEPS, TPU_NO_DEPS, TPU_SET
 from .tpu_diagnosis import diagnose, error_findings, explain, python_findings, stack_findings
-from .tpu_stack import NO_DEPS, TPU_NO_DEPS, TPU_PYTHONS, TPU_SET, StackReport, inspect_stack, report_offenders
+from .tpu_stack import TPU_PYTHONS, StackReport, inspect_stack, report_offenders
 
 STAMP = ".tpu-pretrain-stack"  # in the environment: what it was built from (a hash), written when complete
 # Variables of the calling process that must not reach the TPU environment: another environment's paths, and the
@@ -77,7 +76,7 @@ def find_python() -> str | None:
 def package_requirement(extras: Sequence[str] = ()) -> list[str]:
     """pip arguments that install this same tpu_pretrain (its checkout, commit, file or release) elsewhere."""
     suffix = f"[{','.join(extras)}]" if extras else ""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[3]
     if (checkout / "setup.cfg").is_file():
         return ["-e", f"{checkout}{suffix}"]  # running from a source tree (an editable install, or PYTHONPATH)
     try:
@@ -105,34 +104,6 @@ def child_environment(venv: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
     return env
-
-
-def stream(command: Sequence[str], *, env: dict[str, str] | None = None, echo: Callable[[str], None] | None = None,
-           keep: int = 400, timeout: float | None = None) -> tuple[int, str]:
-    """Run a command, passing each line of its output on as it comes; (exit status, the last ``keep`` lines).
-
-    Ctrl-C (a notebook's interrupt) is passed on to the command, which then stops cleanly (training saves first).
-    After ``timeout`` seconds the command is killed (status -9).
-    """
-    echo = echo or (lambda line: print(line, end="", flush=True))
-    tail: deque[str] = deque(maxlen=keep)
-    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors="replace", bufsize=1, env=env)
-    timer = threading.Timer(timeout, process.kill) if timeout else None
-    if timer:
-        timer.start()
-    try:
-        for line in process.stdout:
-            echo(line)
-            tail.append(line)
-        return process.wait(), "".join(tail)
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        process.wait()
-        raise
-    finally:
-        if timer:
-            timer.cancel()
 
 
 @dataclass

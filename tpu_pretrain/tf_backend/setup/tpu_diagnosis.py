@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .environment import PJRT_VARIABLES
-from .runtime import COLAB, KAGGLE, runtime, tpu_vm_present
+from ...environment import PJRT_VARIABLES
+from ...runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from .tpu_stack import (
     LIBTPU_FOR_TENSORFLOW_TPU,
     TPU_PYTHONS,
@@ -27,8 +27,9 @@ from .tpu_stack import (
 
 LOCK_FILE = "/tmp/libtpu_lockfile"  # libtpu's one-process-per-TPU lock (a POSIX lock, held until the process ends)
 TPU_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*")
-TPU_ENVIRONMENT = ("train through the TPU environment: tpu_pretrain.tpu_env.run_tpu_pretrain(['train', ...]) "
-                   "builds it (Python 3.12, the pinned set, checked) and runs `tpu-pretrain` there")
+TPU_ENVIRONMENT = ("train through the TPU environment: "
+                   "tpu_pretrain.tf_backend.setup.tpu_env.run_tpu_pretrain(['train', ...]) builds it (Python 3.12, "
+                   "the pinned set, checked) and runs `tpu-pretrain` there")
 REINSTALL = ("pip uninstall -y {intruder} && pip install --force-reinstall --no-deps tensorflow-tpu=={tpu}, or "
              "rebuild the TPU environment (tpu-pretrain tpu-env --rebuild).")
 
@@ -58,9 +59,9 @@ def python_findings(python: tuple[int, int]) -> list[Finding]:
     return [Finding(
         f"Python {version} is {age} for TensorFlow on TPUs: tensorflow-tpu {tpu_pins()['tensorflow-tpu']} (the last "
         f"release that runs on TPUs) has wheels for Python {supported} only.",
-        "tpu_pretrain.tpu_env makes a Python 3.12 environment for it (an existing python3.12, else one that uv "
-        "downloads); if that cannot be made, on Colab choose Runtime > Change runtime type > Runtime version with "
-        "Python 3.12.")]
+        "tpu_pretrain.tf_backend.setup.tpu_env makes a Python 3.12 environment for it (an existing python3.12, else "
+        "one that uv downloads); if that cannot be made, on Colab choose Runtime > Change runtime type > Runtime "
+        "version with Python 3.12.")]
 
 
 def stack_findings(report: StackReport) -> list[Finding]:
@@ -228,7 +229,7 @@ MESSAGES = (
     (r"No matching distribution found for tensorflow-tpu|Could not find a version that satisfies the requirement "
      r"tensorflow-tpu",
      "pip found no tensorflow-tpu wheel for this Python.",
-     "use a Python 3.10-3.12 environment: tpu_pretrain.tpu_env makes one (Python 3.12)."),
+     "use a Python 3.10-3.12 environment: tpu_pretrain.tf_backend.setup.tpu_env makes one (Python 3.12)."),
 )
 NETWORK = r"Temporary failure in name resolution|Failed to establish a new connection|Network is unreachable|" \
           r"NewConnectionError|Name or service not known"

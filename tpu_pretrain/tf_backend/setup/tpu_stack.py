@@ -1,9 +1,8 @@
 """The TensorFlow a TPU needs, as pinned sets, and what an installed environment actually holds.
 
-The pinned sets are the package's own requirement files (``tpu_pretrain/requirements/*.txt``), so a notebook can
-install them after a plain ``pip install tpu_pretrain``. The checks read distributions' metadata and RECORD
-files and never import TensorFlow: they run in a notebook kernel that must not load it on a TPU runtime, and
-against any environment's site-packages.
+The pinned sets are the package's own requirement files (named by :mod:`tpu_pretrain.pinned_sets`). The checks
+read distributions' metadata and RECORD files and never import TensorFlow: they run in a notebook kernel that
+must not load it on a TPU runtime, and against any environment's site-packages.
 
 Why RECORD hashes and not only names: ``tensorflow``, ``tensorflow-cpu`` and ``tensorflow-tpu`` all install
 into one ``tensorflow/`` folder, so the last wheel installed wins file by file (``_xla_ops.so``,
@@ -22,11 +21,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-REQUIREMENTS = Path(__file__).parent / "requirements"
-CPU_GPU_SET = REQUIREMENTS / "cpu_gpu.txt"  # the standard build: the [cpu]/[gpu] extras
-TPU_SET = REQUIREMENTS / "tpu.txt"  # tensorflow-tpu and its libtpu, installed with the package
-TPU_NO_DEPS = REQUIREMENTS / "tpu_no_deps.txt"  # tf-keras, whose dependency on `tensorflow` must not be followed
-NO_DEPS = REQUIREMENTS / "no_deps.txt"  # bert4keras, everywhere
+from ...pinned_sets import TPU_NO_DEPS, TPU_SET, normalize, pins
 
 # Pythons with a wheel of the pinned tensorflow-tpu (none for 3.13), the preferred first.
 TPU_PYTHONS = ((3, 12), (3, 11), (3, 10))
@@ -45,21 +40,6 @@ UNUSABLE_TENSORFLOW_TPU = {
 # Distributions that write the same tensorflow/ folder as tensorflow-tpu.
 OTHER_BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos",
                 "tf-nightly", "tf-nightly-cpu")
-
-
-def normalize(name: str) -> str:
-    """A distribution's name as pip compares it (PEP 503): ``tensorflow_cpu`` is ``tensorflow-cpu``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(path: Path) -> dict[str, str]:
-    """``{distribution: version}`` of a requirement file's ``name==version`` lines."""
-    found = {}
-    for line in path.read_text().splitlines():
-        match = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;#]+)", line)
-        if match:
-            found[normalize(match.group(1))] = match.group(2)
-    return found
 
 
 def tpu_pins() -> dict[str, str]:

@@ -16,10 +16,10 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .environment import environment_override
-from .errors import UserInputError
-from .formatting import hms
-from .runtime import sigterm_as_interrupt
+from ...environment import environment_override
+from ...errors import UserInputError
+from ...formatting import hms
+from ...runtime import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
 TF_CONFIG_HELP = "see README, 'Training on several machines'"
