@@ -100,8 +100,9 @@ def _bytes(number: str, unit: str) -> int:
 
 
 def oom_bytes(message: str) -> tuple[int, int] | None:
-    """``(needed, capacity)`` from the TPU compiler's out-of-memory message: "Used 46.93G of 15.75G hbm", or "Allocation
-    (size=N) would exceed memory (size=M)" (one buffer larger than the chip: the step needs at least that)."""
+    """``(needed, capacity)`` from the TPU compiler's out-of-memory messages: "Used 46.93G of 15.75G hbm"; "the total
+    memory required for HLO temporaries (167.02G) exceeds available HBM (15.75G)"; "Allocation (size=N) would exceed
+    memory (size=M)". The last two count part of the step: it needs at least that."""
     match = _OOM.search(message) or _OOM_TEMPORARIES.search(message)
     if match:
         return _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4))
@@ -169,9 +170,7 @@ def capacity_of(devices, target: TpuTarget | None) -> int:
 
 def compile_step(trainer, batch: int, accumulation: int, capacity: int) -> StepCompile:
     """The trainer's training call (one step) compiled at global ``batch`` with ``accumulation`` micro-batches."""
-    t = trainer.config.train
-    t.train_batch_size, t.gradient_accumulation_steps = batch, accumulation
-    trainer._compile()  # the accumulation is traced into the step: a new jit
+    trainer.set_batch(batch, accumulation)
     chunk = trainer.chunk_shapes(1)
     input_bytes = sum(s.size * s.dtype.itemsize for s in chunk.values()) // trainer.devices.num_replicas
     start = time.perf_counter()

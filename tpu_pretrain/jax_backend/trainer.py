@@ -247,6 +247,13 @@ class JaxTrainer:
         return {name: jax.ShapeDtypeStruct((steps, *shape), dtype, sharding=sharding) for name, (shape, dtype) in
                 batch_shapes(self.config.train.train_batch_size, d.max_seq_length, d.max_predictions_per_seq).items()}
 
+    def set_batch(self, batch: int, accumulation: int) -> None:
+        """Train global batches of ``batch`` in ``accumulation`` micro-batches from now on (the plan's search tries
+        several); the steps are compiled again, the accumulation being traced into them."""
+        t = self.config.train
+        t.train_batch_size, t.gradient_accumulation_steps = batch, accumulation
+        self._compile()
+
     def lower_chunk(self, steps: int = 1):
         """The compiled training call of ``steps`` steps, lowered for this trainer's devices (what :mod:`.plan`
         compiles for a TPU that is not here)."""
