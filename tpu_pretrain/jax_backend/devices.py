@@ -26,7 +26,7 @@ class Devices:
     kind: str  # "tpu", "gpu" or "cpu"
     devices: list
     precision: str  # "float32", "bfloat16" or "float16" (with loss scaling, in the trainer)
-    abstract: bool = False  # a TPU described, not present: programs are compiled for it, never run (:mod:`.plan`)
+    abstract: bool = False  # only compiled for, from shapes, never run on (:mod:`.plan`): a TPU described, or planned
 
     @property
     def num_replicas(self) -> int:

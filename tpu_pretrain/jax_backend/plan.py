@@ -135,11 +135,11 @@ def target_devices(target: TpuTarget | None, precision: str = "auto"):
 
     from .devices import Devices, detect_devices, training_precision
 
-    if target is None:
+    if target is None:  # the chips here, compiled for from shapes too: nothing is placed on them
         devices = detect_devices("tpu", precision)
         if devices.kind != "tpu":
             raise UserInputError("--tpu local: no TPU here; name the TPU to plan for (--tpu v5e-1, v5e-8, v6e-1...).")
-        return devices
+        return dataclasses.replace(devices, abstract=True)
     try:
         from jax.experimental import topologies
 
