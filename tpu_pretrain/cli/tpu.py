@@ -80,7 +80,8 @@ def default_target() -> str:
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpu", default="", help="The TPU to compile for: v5e-1 (Colab's free TPU), v5e-8 "
                         "(Kaggle's), v6e-1, v5e-4, v6e-8, v5p-8, v3-8, v2-8, v5e-16, v5e-32; local: the chips here "
-                        "(default: the chips here, else the TPU the runtime names, else v5e-1).")
+                        "(default: the chips here, else the TPU the runtime names, else v5e-1); cpu: this machine's "
+                        "CPU devices and XLA's CPU compiler (no TPU compiler needed: a check of the settings).")
     parser.add_argument("--hbm_gib", type=float, default=0.0, help="Memory per device to plan for, GiB (default: "
                         "the chip's published HBM).")
     parser.add_argument("--no_search", action="store_true", help="Only the step asked for: when it does not fit, "
