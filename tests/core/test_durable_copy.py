@@ -176,6 +176,7 @@ def test_a_failing_copy_stops_training_within_the_lag_saying_why_and_resuming_is
         assert "behind the newest local checkpoint (step 6)" in status and f"last attempt failed ({says}" in status
 
         repair()
+        auth.reset()  # the same command again is a new process: no connection pooled to the service that went away
         caplog.clear()
         result, trainer = train(settings(data_dir, run, mirror_dir=url))
     assert result.stopped_reason is None and result.steps == STEPS
