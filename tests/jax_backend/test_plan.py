@@ -186,3 +186,15 @@ def test_an_unknown_tpu_is_refused_with_the_choices(tmp_path):
 def test_float16_is_refused_for_a_tpu():
     done = plan_command("--tpu", "v5e-8", *tiny_flags(mixed_precision="float16"), timeout=300)
     assert done.returncode == 2 and "TPUs compute bfloat16 natively" in done.stderr, done.stdout + done.stderr
+
+
+def test_an_accelerator_check_out_of_memory_says_what_to_change():
+    """tpu-check --backend jax with BERT-base's defaults on a CPU (issue 37, item 19): the failure names the settings
+    to change (the issue's own message; a real 28 GB allocation is no thing to provoke in a test)."""
+    from tpu_pretrain.jax_backend.accelerator_check import failure
+
+    said = failure("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 28159580864 bytes.", "L12-H768", 128)
+    assert "L12-H768 at batch 128 does not fit" in said and "--model_size" in said and "--train_batch_size" in said
+    assert "tpu-pretrain plan" in said
+    other = failure("ValueError: something else", "L12-H768", 128)
+    assert other == "Accelerator check FAILED: ValueError: something else"

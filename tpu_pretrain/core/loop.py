@@ -32,7 +32,7 @@ from .event_log import ScalarLog
 from .metrics import format_metrics
 from .mirror import CheckpointMirror
 from .mirror_owner import claim
-from .peaks import mfu
+from .peaks import mfu, overstated_peak
 from .protocol import Trainer
 from .run_folder import RunFolder, run_identity
 from .run_lock import RunLock
@@ -165,6 +165,8 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
                            learning_rate=trainer.plan.schedule.rate(max(trainer.step - 1, 0)))
             if peak:
                 metrics["mfu"] = mfu(metrics["examples_per_second"], flops, peak)
+                if metrics["mfu"] > 1 and not any((h.get("mfu") or 0) > 1 for h in result.history):  # said once
+                    log.warning(overstated_peak(metrics["mfu"], peak, t.peak_tflops, trainer.describe()))
             result.history.append({"step": target, **metrics})
             _show(bar, target, metrics, t.train_batch_size)
             result.stopped_reason = _at_boundary(trainer, target, metrics, scalars, manager, throughput,
@@ -239,7 +241,7 @@ def _flops_and_peak(trainer: Trainer) -> tuple[float, float | None]:
     flops = plan.training_flops_per_sequence()
     peak = stated * 1e12 if stated else trainer.peak_flops
     if peak:
-        log.info("MFU against %s peak of %.1f TFLOP/s (%s), %.3g GFLOP per training sequence.",
+        log.info("MFU against %s peak of %.3g TFLOP/s (%s), %.3g GFLOP per training sequence.",
                  "the stated" if stated else "the published", peak / 1e12, trainer.describe(), flops / 1e9)
     else:
         log.info("No MFU: the peak of %s is not known (state it with --peak_tflops).", trainer.describe())

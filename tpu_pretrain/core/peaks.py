@@ -41,3 +41,11 @@ def group_peak(device_name: str, precision: str, devices: int) -> float | None:
 def mfu(sequences_per_second: float, flops_per_sequence: float, peak_flops: float | None) -> float | None:
     """The share of the peak the model's training FLOPs use; None without a peak."""
     return sequences_per_second * flops_per_sequence / peak_flops if peak_flops else None
+
+
+def overstated_peak(value: float, peak_flops: float, stated_tflops: float, devices: str) -> str:
+    """What an MFU over 100% says: devices cannot beat their own peak, so the peak measured against is wrong."""
+    which = f"the stated --peak_tflops {stated_tflops:g}" if stated_tflops else "the published peak"
+    return (f"MFU {value:.0%} is over 100%: {devices} just did more than {which} ({peak_flops / 1e12:.3g} TFLOP/s), so "
+            "that peak is wrong and so is every MFU figure of this run. Set --peak_tflops to the devices' real dense "
+            "peak" + (" (or leave it unset for the published one)." if stated_tflops else "."))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", t
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
     if status != 0 or not result.get("restored"):
         reason = result.get("error") or f"the check ended with status {status} before reporting"
-        print(f"Accelerator check FAILED: {reason}", flush=True)
+        print(failure(reason, model_size, batch), flush=True)
         return 1
     print(verdict(result), flush=True)
     if save:
@@ -42,6 +43,16 @@ def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", t
         storage.write_text(save, json.dumps(result, indent=2) + "\n")
         print(f"Saved to {save}.", flush=True)
     return 0
+
+
+def failure(reason: str, model_size: str, batch: int) -> str:
+    """The failed check's line; a model and batch that do not fit the device say what to change."""
+    line = f"Accelerator check FAILED: {reason}"
+    if re.search(r"RESOURCE_EXHAUSTED|out of memory", reason, re.IGNORECASE):
+        line += (f" -- {model_size} at batch {batch} does not fit this device's memory: pass a smaller --model_size "
+                 "(e.g. L2-H128) or --train_batch_size (on a CPU: the check only proves the path works), or find what "
+                 "fits a TPU first with `tpu-pretrain plan`.")
+    return line
 
 
 def verdict(r: dict) -> str:
