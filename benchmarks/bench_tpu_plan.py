@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 with open(results_file, "a") as handle:
                     handle.write(json.dumps(result) + "\n")
                 print(table([result]).splitlines()[-1], flush=True)
-    print(table([r for r in done if r["row"] in rows]))
+    order = {name: i for i, name in enumerate(rows)}
+    targets = {name: i for i, name in enumerate(args.targets)}
+    shown = sorted((r for r in done if r["row"] in rows), key=lambda r: (order[r["row"]], targets.get(r["target"], 99)))
+    print(table(shown))
     return 0
 
 
