@@ -123,12 +123,10 @@ class JaxTrainer:
         self._eval_step = jax.jit(self._eval_stats, out_shardings=replicated)
 
     def _place(self, tree):
-        """Replicated on the devices; on devices this process cannot reach (a TPU compiled for from elsewhere, by
-        :mod:`.plan`) only the shapes, which is all that lowering the steps needs."""
-        if self.devices.abstract:
-            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.devices.replicated()),
-                                tree)
-        return jax.device_put(tree, self.devices.replicated())
+        sharding = self.devices.replicated()
+        if self.devices.abstract:  # devices only compiled for (the plan command's): the shapes are all it needs
+            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+        return jax.device_put(tree, sharding)
 
     def _load_init_checkpoint(self, path: str) -> None:
         """Released weights by the family's names: BERT's Google or Hugging Face checkpoints by Google name (a
@@ -241,22 +239,18 @@ class JaxTrainer:
         return state, {key: jnp.sum(stats[key]) for key in STAT_KEYS}
 
     def chunk_shapes(self, steps: int) -> dict:
-        """One training call's input as shapes: ``steps`` global batches stacked, split over the devices as
-        :meth:`train_steps` places them."""
+        """One call's input as shapes: ``steps`` global batches, split over the devices as :meth:`train_steps` does."""
         d, sharding = self.config.data, self.devices.split(axis=1)
         return {name: jax.ShapeDtypeStruct((steps, *shape), dtype, sharding=sharding) for name, (shape, dtype) in
                 batch_shapes(self.config.train.train_batch_size, d.max_seq_length, d.max_predictions_per_seq).items()}
 
     def set_batch(self, batch: int, accumulation: int) -> None:
-        """Train global batches of ``batch`` in ``accumulation`` micro-batches from now on (the plan's search tries
-        several); the steps are compiled again, the accumulation being traced into them."""
-        t = self.config.train
-        t.train_batch_size, t.gradient_accumulation_steps = batch, accumulation
+        """Global batches of ``batch`` in ``accumulation`` micro-batches (traced into the steps: compiled again)."""
+        self.config.train.train_batch_size, self.config.train.gradient_accumulation_steps = batch, accumulation
         self._compile()
 
     def lower_chunk(self, steps: int = 1):
-        """The compiled training call of ``steps`` steps, lowered for this trainer's devices (what :mod:`.plan`
-        compiles for a TPU that is not here)."""
+        """The training call of ``steps`` steps lowered for this trainer's devices, from shapes (:mod:`.plan`)."""
         return self._train_chunk.lower(self.state, self.chunk_shapes(steps))
 
     def _eval_stats(self, state: dict, batch: dict) -> dict:
