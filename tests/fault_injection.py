@@ -21,14 +21,19 @@ STEPS = 300
 ENV = {**os.environ, "TF_DETERMINISTIC_OPS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, workers: int = 0) -> str:
-    """A small data folder from the sample corpus: ``num_shards`` training shards and an eval shard, length 64."""
+def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, workers: int = 0, vocab_size: int = 1500,
+                **settings) -> str:
+    """A small data folder from the sample corpus (its vocab in ``root``): ``num_shards`` training shards and an eval
+    shard, length 64; ``settings`` of create-data override (``recipe="modern"``: packed MLM-only data, its own
+    number of predictions)."""
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=max_chars)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5,
+    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=vocab_size, num_unused_tokens=5,
                                     output_dir=str(root)))
+    values = dict(max_seq_length=64, dupe_factor=1, num_shards=num_shards, eval_fraction=0.05, workers=workers)
+    if settings.get("recipe", "classic") == "classic":
+        values["max_predictions_per_seq"] = 10
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
-                                        max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1,
-                                        num_shards=num_shards, eval_fraction=0.05, workers=workers))
+                                        **{**values, **settings}))
     return str(root / "data")
 
 

@@ -181,19 +181,11 @@ IMAGE_NOTEBOOK = {"colab": ("03_train_colab_tpu.ipynb", "colab_tpu", "v5e-1"),
 @pytest.mark.skipif(os.environ.get("TPU_PRETRAIN_IMAGE") not in IMAGE_NOTEBOOK,
                     reason="in the image-exact environments (make test-tpu-images)")
 def test_the_tpu_image_notebook_checks_its_plan_then_trains(runtimes):
-    from tpu_pretrain.config import Config
-    from tpu_pretrain.data.create import create_pretraining_data
-    from tpu_pretrain.data.sample_corpus import write_sample_corpus
-    from tpu_pretrain.data.vocab import build_vocab
+    from fault_injection import sample_data
 
     name, runtime, target = IMAGE_NOTEBOOK[os.environ["TPU_PRETRAIN_IMAGE"]]
-    root = runtimes.kaggle_input / "prepared"
-    corpus = write_sample_corpus(root / "corpus.txt", max_chars=60_000)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1500, num_unused_tokens=5, output_dir=str(root)))
-    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
-                                        recipe="modern", max_seq_length=64, dupe_factor=1, num_shards=2,
-                                        eval_fraction=0.05, workers=1))
-    workdir, output = runtimes.run(name, "train", runtime, data_dir=str(root / "data"),
+    data = sample_data(runtimes.kaggle_input / "prepared", max_chars=60_000, num_shards=2, workers=1, recipe="modern")
+    workdir, output = runtimes.run(name, "train", runtime, data_dir=data,
                                    project_dir=str(runtimes.drive / "tpu_pretrain"), **TINY_TRAINING)
     printed = outputs(output)
     assert_jax_without_tensorflow(workdir, printed)

@@ -6,25 +6,21 @@ import json
 import logging
 
 import pytest
+from fault_injection import sample_data
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.core.bert_config import bert_config_for_size
 from tpu_pretrain.core.modernbert_config import modernbert_config_for_size
 from tpu_pretrain.core.resolve import RunPlan
 from tpu_pretrain.core.run_folder import RunFolder
-from tpu_pretrain.data.create import create_pretraining_data
-from tpu_pretrain.data.sample_corpus import write_sample_corpus
-from tpu_pretrain.data.vocab import build_vocab, load_vocab
+from tpu_pretrain.data.vocab import load_vocab
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """MLM-only data (what both families train) and its vocab.txt."""
     root = tmp_path_factory.mktemp("shape")
-    corpus = write_sample_corpus(root / "corpus.txt", max_chars=30_000)
-    vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1200, num_unused_tokens=5, output_dir=str(root)))
-    create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
-                                        recipe="modern", max_seq_length=64, dupe_factor=1, num_shards=1, workers=1))
+    sample_data(root, max_chars=30_000, num_shards=1, workers=1, vocab_size=1200, recipe="modern", eval_fraction=0.01)
     return root
 
 
