@@ -10,9 +10,9 @@ shards, eval shards masked at 0.15), which both families train on and are scored
 ``backend="jax"`` and the modern recipe, the same batch, sequence length, peak learning rate and seed; BERT
 (``--model_family bert``) trains ``--bert_steps`` steps and ModernBERT (``--model_family modernbert``) as many steps
 as the same training FLOPs buy. FLOPs per sequence are the project's own count, as the trainer reports them
-(``RunPlan.training_flops_per_sequence``): :func:`tpu_pretrain.core.bert_config.training_flops_per_sequence` for
+(``RunPlan.training_flops_per_sequence``): :func:`tpu_pretrain.models.bert_config.training_flops_per_sequence` for
 BERT (less its pooler and NSP head, which an MLM-only BERT does not have, as bench_recipe.py counts it) and
-:func:`tpu_pretrain.core.modernbert_config.training_flops_per_sequence` for ModernBERT: every position of the
+:func:`tpu_pretrain.models.modernbert_config.training_flops_per_sequence` for ModernBERT: every position of the
 sequence, the masked-position MLM head, backward = 2 x forward, the local layers' attention counted over the whole
 sequence (their window is masked, not skipped).
 
@@ -106,7 +106,7 @@ def flops_per_sequence(settings: dict) -> float:
     """The trainer's own count for this run (its RunPlan), less BERT's pooler and NSP head when it has none."""
     plan = RunPlan.resolve(Config.load(**settings))
     flops = plan.training_flops_per_sequence()
-    if plan.family == "bert" and not plan.with_nsp:
+    if plan.family.has_nsp and not plan.with_nsp:  # BERT made MLM-only
         hidden = plan.model_config.hidden_size
         flops -= 3 * (2 * hidden**2 + 4 * hidden)
     return flops
@@ -118,7 +118,7 @@ def train_family(args, family: str, data: Path, run: Path, steps: int, task: str
     seconds = time.perf_counter() - started
     info = read_data_info(str(data))
     trained = load_trained_model(run, max_predictions_per_seq=info.max_predictions_per_seq)
-    params = sum(int(w.size) for w in trained.model.google_weights().values())
+    params = sum(int(w.size) for w in trained.model.stored_weights().values())
     metrics, examples = held_out_metrics(trained, str(data), 32, 0)  # every eval record
     row = {"steps": result.steps, "seconds": seconds, "seq_per_s": result.examples_per_second,
            "steps_per_s": result.examples_per_second / args.batch, "params": params, "eval": metrics,

@@ -7,7 +7,7 @@ Both recipes get the same corpus, vocab, model shape, peak learning rate, batch 
 training FLOPs: the classic run trains ``--classic_steps`` steps and the modern run as many steps as
 that compute buys. FLOPs are counted as the accelerator spends them (every position of a sequence,
 padding included, and every masked-position slot of the MLM head:
-``tpu_pretrain.core.bert_config.training_flops_per_sequence``, as bench_train.py counts them),
+``tpu_pretrain.models.bert_config.training_flops_per_sequence``, as bench_train.py counts them),
 so packing shows up as more real tokens per FLOP and the modern recipe's larger masked-position
 head as fewer steps. Both are scored on the same eval shards, masked at 0.15: the modern data
 folder's (packed, one segment) and the classic one's (sentence pairs, two segments); the held-out
@@ -32,13 +32,13 @@ from support import parse_args
 
 import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 from tpu_pretrain.config import Config
-from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.data_folder import load_manifest, read_data_info
 from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.vocab import build_vocab
 from tpu_pretrain.export.evaluate import held_out_metrics
 from tpu_pretrain.export.rebuild import load_trained_model
+from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence
 from tpu_pretrain.training import train
 
 RECIPES = ("classic", "modern")

@@ -32,8 +32,8 @@ import tensorflow as tf
 from support import parse_args, write_random_data_folder
 
 from tpu_pretrain.config import Config
-from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence
 from tpu_pretrain.core.schedules import planned
+from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence
 from tpu_pretrain.tf_backend.accelerator import detect_accelerator, matmul_peak_flops
 from tpu_pretrain.tf_backend.optimization import create_optimizer
 from tpu_pretrain.tf_backend.trainer import Trainer

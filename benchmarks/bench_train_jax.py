@@ -6,7 +6,7 @@ Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256
 Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
 NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
 and its input pipeline. FLOPs per sequence:
-:func:`tpu_pretrain.core.bert_config.training_flops_per_sequence`.
+:func:`tpu_pretrain.models.bert_config.training_flops_per_sequence`.
 MFU is stated against (1) ``--peak_tflops`` if given, else the accelerator's published dense peak for the
 precision when the device is known (:mod:`tpu_pretrain.core.peaks`: one device's times the number of
 devices, which the sequences/s are measured over), and (2) the best matmul measured here in the training precision
@@ -30,8 +30,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from support import parse_args, write_random_data_folder  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
-from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 from tpu_pretrain.core.peaks import group_peak  # noqa: E402
+from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 
 def matmul_rate(dtype: str, m: int, k: int, n: int, seconds: float) -> float:

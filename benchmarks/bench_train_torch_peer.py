@@ -9,7 +9,7 @@ positions and NSP, SDPA attention (``attn_implementation="sdpa"``), bfloat16 aut
 clipping at 1.0 (the JAX step's), dropout 0.1 (BERT's, the JAX bench's default), each batch size run eagerly and
 under ``torch.compile``. The batches are bench_train_jax.py's: ``tpu_pretrain.data.random_data.random_batch``, the
 MLM labels ``-100`` but at the masked positions. FLOPs per sequence are counted by the same formula
-(:func:`tpu_pretrain.core.bert_config.training_flops_per_sequence`): Hugging Face's head computes vocabulary logits
+(:func:`tpu_pretrain.models.bert_config.training_flops_per_sequence`): Hugging Face's head computes vocabulary logits
 at every position, and that extra work is printed but not counted, as the JAX model does not do it.
 
 On a CPU: float32 (bfloat16 autocast is slow on most CPUs; ``--precision bfloat16`` forces it), AdamW's fused kernel
@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from support import parse_args, random_batch  # noqa: E402
 
-from tpu_pretrain.core.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 from tpu_pretrain.core.peaks import published_peak  # noqa: E402
+from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 DISTINCT_BATCHES = 4  # the timed steps cycle through these, already on the device
 

@@ -4,9 +4,9 @@ import pytest
 
 from tpu_pretrain import backend
 from tpu_pretrain.config import Config
-from tpu_pretrain.core.bert_config import bert_config_for_size
 from tpu_pretrain.core.run_folder import RunFolder, run_identity
 from tpu_pretrain.errors import UserInputError
+from tpu_pretrain.models.bert_config import bert_config_for_size
 
 
 def fake_runtime(monkeypatch, installed: dict, tpu_vm: bool):

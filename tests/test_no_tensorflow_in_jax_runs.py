@@ -23,8 +23,8 @@ if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("j
 from fault_injection import sample_data  # noqa: E402
 from jax_runs import SENTENCES, probe_task, train_arguments, use_a_jax_run_to_the_end  # noqa: E402
 
-from tpu_pretrain.core.run_weights import read_weights  # noqa: E402
-from tpu_pretrain.core.tf_bundle import read_tensors  # noqa: E402
+from tpu_pretrain.models.run_weights import read_weights  # noqa: E402
+from tpu_pretrain.models.tf_bundle import read_tensors  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .environment import BERT4KERAS_VERSION, TENSORFLOW_DISTRIBUTIONS, installed_version
 from .errors import UserInputError
+from .models.families import FAMILIES
 from .runtime import tpu_vm_present
 
 TENSORFLOW, JAX, AUTO = "tensorflow", "jax", "auto"
@@ -80,7 +81,9 @@ OFFERS = (
     Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
     Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
     Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
-    Offer("model_family", lambda family: family == "modernbert", (JAX,), "ModernBERT", picks_auto=True),
+    # A family one backend alone builds (ModernBERT): no machine makes the other backend right for it.
+    *(Offer("model_family", lambda name, family=family: name == family.name, family.backends, family.title,
+            picks_auto=True) for family in FAMILIES.values() if set(family.backends) != set(BACKENDS)),
 )
 
 

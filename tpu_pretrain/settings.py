@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .models.families import BERT, FAMILIES
+
 # The steps (subcommands) a setting can belong to.
 VOCAB, CREATE_DATA, TRAIN, EVALUATE, TRANSFER, STORAGE_CHECK, DEMO = (
     "vocab", "create-data", "train", "evaluate", "transfer", "storage-check", "demo")
@@ -120,9 +122,9 @@ class PretrainingDataConfig:
 class ModelConfig:
     """Which BERT to build."""
 
-    model_family: str = _f("bert", "bert: Google's BERT. modernbert: ModernBERT (RoPE, GeGLU, local-global attention; "
-                           "MLM only, JAX backend); implies --recipe modern unless a recipe is given.",
-                           choices=("bert", "modernbert"), steps=(TRAIN,), pins=(RUN,))
+    model_family: str = _f(BERT.name, "bert: Google's BERT. modernbert: ModernBERT (RoPE, GeGLU, local-global "
+                           "attention; MLM only, JAX backend); implies --recipe modern unless a recipe is given.",
+                           choices=tuple(FAMILIES), steps=(TRAIN,), pins=(RUN,))
     model_size: str = _f("", "Named size such as L4-H256 or base (modernbert: base, large, L4-H256...); ignored when "
                          "bert_config_file is set.", steps=(TRAIN,))
     bert_config_file: str = _f("", "bert_config.json of the model to build; modernbert: a transformers config.json "

@@ -9,11 +9,11 @@ import pytest
 from fault_injection import sample_data
 
 from tpu_pretrain.config import Config
-from tpu_pretrain.core.bert_config import bert_config_for_size
-from tpu_pretrain.core.modernbert_config import modernbert_config_for_size
 from tpu_pretrain.core.resolve import RunPlan
 from tpu_pretrain.core.run_folder import RunFolder
 from tpu_pretrain.data.vocab import load_vocab
+from tpu_pretrain.models.bert_config import bert_config_for_size
+from tpu_pretrain.models.modernbert_config import modernbert_config_for_size
 
 
 @pytest.fixture(scope="module")

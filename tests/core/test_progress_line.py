@@ -15,9 +15,9 @@ import pytest
 from fault_injection import ENV, sample_data, train_command
 
 from tpu_pretrain.config import Config
-from tpu_pretrain.core.bert_config import BertConfig, bert_config_for_size, training_flops_per_sequence
 from tpu_pretrain.core.peaks import group_peak, mfu, published_peak
 from tpu_pretrain.core.schedules import planned
+from tpu_pretrain.models.bert_config import BertConfig, bert_config_for_size, training_flops_per_sequence
 
 STEPS = 48
 LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+): loss (?P<loss>[\d.]+), .*, lr (?P<lr>[\d.e+-]+), "

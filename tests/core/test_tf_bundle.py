@@ -344,7 +344,7 @@ def test_a_compressed_or_headerless_table_is_refused(tmp_path):
 
 
 def test_the_reader_imports_neither_tensorflow_nor_protobuf():
-    script = ("import sys, tpu_pretrain.core.tf_bundle\n"
+    script = ("import sys, tpu_pretrain.models.tf_bundle\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax', 'torch')"
               " or m.startswith('google.protobuf')))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120,

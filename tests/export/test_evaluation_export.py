@@ -14,19 +14,19 @@ import tensorflow as tf
 
 # isort: on
 from tpu_pretrain.config import Config
-from tpu_pretrain.core.bert_config import BertConfig
-from tpu_pretrain.core.weight_names import (
-    google_to_huggingface,
-    huggingface_to_google,
-    read_safetensors,
-    write_safetensors,
-)
 from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.export.evaluate import evaluate
 from tpu_pretrain.export.fill_mask import fill_mask
 from tpu_pretrain.export.plots import plot_run, read_scalars, run_figure
 from tpu_pretrain.export.rebuild import latest_weights, load_trained_model
 from tpu_pretrain.export.writers import export
+from tpu_pretrain.models.bert_config import BertConfig
+from tpu_pretrain.models.weight_names import (
+    google_to_huggingface,
+    huggingface_to_google,
+    read_safetensors,
+    write_safetensors,
+)
 from tpu_pretrain.tf_backend.model import build_pretraining_model
 from tpu_pretrain.tf_backend.weights import google_weights
 

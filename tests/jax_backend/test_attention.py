@@ -24,19 +24,18 @@ if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from tpu_pretrain.core.bert_config import bert_config_for_size  # noqa: E402
 from tpu_pretrain.errors import UserInputError  # noqa: E402
+from tpu_pretrain.jax_backend.families import assign_stored_weights, stored_weights  # noqa: E402
 from tpu_pretrain.jax_backend.model import (  # noqa: E402
     PretrainingBert,
     TransformerBlock,
     _Factory,
-    assign_google_weights,
     attention_path,
     build_model,
     explicit_attention,
     fused_attention,
-    google_weights,
 )
+from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
 
 B, T, N, H = 4, 16, 4, 16
 LENGTHS = (16, 9, 3, 1)  # trailing padding after these many tokens
@@ -102,7 +101,7 @@ def models():
     config = bert_config_for_size("L2-H128", 300)
     explicit = build_model(config, T, 3, attention="explicit")
     fused = build_model(config, T, 3, attention="xla")
-    assign_google_weights(fused, google_weights(explicit), "the explicit model")
+    assign_stored_weights(fused, stored_weights(explicit), "the explicit model")
     return config, explicit, fused
 
 
@@ -130,7 +129,7 @@ def test_padding_after_a_sequence_changes_nothing_before_it(models):
     config, _, fused = models
     ids, segments, _ = batch(9)
     short = build_model(config, 9, 3, attention="xla")
-    assign_google_weights(short, google_weights(fused), "the fused model")
+    assign_stored_weights(short, stored_weights(fused), "the fused model")
     long_hidden = np.asarray(fused.encode(ids[:1], segments[:1]))[0, :9]
     short_hidden = np.asarray(short.encode(ids[:1, :9], segments[:1, :9]))[0]
     np.testing.assert_allclose(long_hidden, short_hidden, atol=2e-5, rtol=0)

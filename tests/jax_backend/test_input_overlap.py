@@ -121,7 +121,7 @@ def reference_weights(trainer, chunks: list[int]) -> dict:
         trainer.state, sums = trainer._train_chunk(trainer.state, stacked)
         jax.device_get(sums)
     batches.close()
-    return trainer.google_weights()
+    return trainer.stored_weights()
 
 
 def test_read_ahead_gives_the_serial_steps_bit_for_bit(trainer):
@@ -135,7 +135,7 @@ def test_read_ahead_gives_the_serial_steps_bit_for_bit(trainer):
         trainer.start_input(0)
         trainer.example_ids.clear()
         metrics = [trainer.train_steps(n) for n in (3, 1, 4)]
-        runs[depth] = ([m["loss"] for m in metrics], trainer.google_weights(), list(trainer.example_ids), metrics)
+        runs[depth] = ([m["loss"] for m in metrics], trainer.stored_weights(), list(trainer.example_ids), metrics)
     (serial_losses, serial_weights, serial_ids, serial), (losses, weights, ids, metrics) = runs[0], runs[2]
     assert losses == serial_losses and all(np.isfinite(losses))
     state.put(start)

@@ -23,9 +23,9 @@ pytest.importorskip("jax")
 from fault_injection import ENV, STEPS, check_resumed_run, sample_data, train_command  # noqa: E402
 from jax_runs import probe_task, use_a_jax_run_to_the_end  # noqa: E402
 
-from tpu_pretrain.core.run_weights import read_arrays, read_weights  # noqa: E402
 from tpu_pretrain.errors import UserInputError  # noqa: E402
 from tpu_pretrain.jax_backend.input import TrainingBatches, permute  # noqa: E402
+from tpu_pretrain.models.run_weights import read_arrays, read_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,8 @@ def test_order_is_a_pure_function_of_seed_and_records_consumed(data_dir):
 
 
 def test_every_weight_matrix_gets_its_own_draw():
-    from tpu_pretrain.core.bert_config import bert_config_for_size
     from tpu_pretrain.jax_backend.model import build_model, google_variables
+    from tpu_pretrain.models.bert_config import bert_config_for_size
 
     model = build_model(bert_config_for_size("L2-H128", 500), 32, 5)
     weights = {name: np.asarray(v.value) for name, v in google_variables(model).items()}
@@ -135,7 +135,7 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
     run = tmp_path / "run"
     run_cli(train_command(data_dir, run, steps=12, extra=JAX_ARGS))
     folder = Path(run_cli(["export", str(run), "--format", "hf"]).split(" to ")[-1].strip())
-    model = build_model(RunFolder(run).read_bert_config(), 64, 10)
+    model = build_model(RunFolder(run).read_model_config(), 64, 10)
     for name, value in read_weights(run / "checkpoints" / "ckpt-000000012").items():
         google_variables(model)[name].assign(from_google(name, value))
     batch = next(eval_batches(read_data_info(data_dir).eval_files, 4, 64, 10))

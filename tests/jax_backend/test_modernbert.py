@@ -29,15 +29,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from corpora import WIKITEXT  # noqa: E402
 
-from tpu_pretrain.core.modernbert_config import ModernBertConfig, modernbert_config_for_size  # noqa: E402
 from tpu_pretrain.errors import UserInputError  # noqa: E402
 from tpu_pretrain.export.hf_modernbert import read_modernbert_folder, write_modernbert_folder  # noqa: E402
-from tpu_pretrain.jax_backend.modernbert import (  # noqa: E402
-    assign_hf_weights,
-    build_modernbert,
-    hf_variables,
-    hf_weights,
-)
+from tpu_pretrain.jax_backend.families import assign_stored_weights, stored_weights  # noqa: E402
+from tpu_pretrain.jax_backend.modernbert import build_modernbert, hf_variables  # noqa: E402
+from tpu_pretrain.models.modernbert_config import ModernBertConfig, modernbert_config_for_size  # noqa: E402
 
 T, P = 48, 10  # tokens per row, predictions per row
 LENGTHS = (48, 30, 48)  # row 1 ends in 18 [PAD]s
@@ -111,7 +107,7 @@ def test_the_same_logits_as_transformers(text, variant):
     config = config_for(text, variant)
     hf = torch_model(config)
     model = build_modernbert(config, T, P)
-    loaded, missing = assign_hf_weights(model, state_dict(hf), "transformers' model")
+    loaded, missing = assign_stored_weights(model, state_dict(hf), "transformers' model")
     assert not missing and len(loaded) == len(hf_variables(model))
     expected, got = torch_logits(hf, ids, positions), jax_logits(model, ids, positions)
     assert got.dtype == np.float32 and got.shape == (len(LENGTHS), P, config.vocab_size)
@@ -120,7 +116,7 @@ def test_the_same_logits_as_transformers(text, variant):
     assert difference <= TOLERANCE, difference
     # the window matters here: the same weights with a window wider than the rows give other logits
     wide = build_modernbert(replace(config, local_attention=2 * T), T, P)
-    assign_hf_weights(wide, state_dict(hf), "transformers' model")
+    assign_stored_weights(wide, state_dict(hf), "transformers' model")
     assert np.abs(jax_logits(wide, ids, positions) - expected).max() > 100 * TOLERANCE
 
 
@@ -154,12 +150,12 @@ def test_an_export_loads_in_transformers_and_a_transformers_folder_loads_here(te
     read_config, weights = read_modernbert_folder(tmp_path / "saved")
     assert read_config == config
     fresh = build_modernbert(read_config, T, P)
-    assert not assign_hf_weights(fresh, weights, "saved")[1]
+    assert not assign_stored_weights(fresh, weights, "saved")[1]
     reread = np.abs(jax_logits(fresh, ids, positions) - jax_logits(model, ids, positions)).max()
     print(f"export -> transformers: {exported:.2e}; save_pretrained -> JAX: {reread:.2e}")
     assert exported <= TOLERANCE and reread <= TOLERANCE, (exported, reread)
-    np.testing.assert_array_equal(hf_weights(fresh)["model.layers.1.attn.Wqkv.weight"],
-                                  hf_weights(model)["model.layers.1.attn.Wqkv.weight"])
+    np.testing.assert_array_equal(stored_weights(fresh)["model.layers.1.attn.Wqkv.weight"],
+                                  stored_weights(model)["model.layers.1.attn.Wqkv.weight"])
 
 
 def test_the_errors_name_what_is_wrong(text, tmp_path):
@@ -171,16 +167,16 @@ def test_the_errors_name_what_is_wrong(text, tmp_path):
         read_modernbert_folder(tmp_path / "nothing")
     config = config_for(text)
     model = build_modernbert(config, T, P)
-    weights = hf_weights(model)
+    weights = stored_weights(model)
     weights["model.layers.1.attn.Wqkv.weight"] = np.zeros((96, 64), np.float32)
     with pytest.raises(UserInputError, match=r"model\.layers\.1\.attn\.Wqkv\.weight has shape \(96, 64\) but the "
                                              r"model needs \(192, 64\)"):
-        assign_hf_weights(model, weights, "a checkpoint")
-    weights = {**hf_weights(model), "decoder.weight": np.ones((config.vocab_size, 64), np.float32)}
+        assign_stored_weights(model, weights, "a checkpoint")
+    weights = {**stored_weights(model), "decoder.weight": np.ones((config.vocab_size, 64), np.float32)}
     with pytest.raises(UserInputError, match="decoder.weight differs"):
-        assign_hf_weights(model, weights, "a checkpoint")
+        assign_stored_weights(model, weights, "a checkpoint")
     with pytest.raises(UserInputError, match="no ModernBERT weights"):
-        assign_hf_weights(model, {"bert.embeddings.word_embeddings.weight": np.zeros(3)}, "a BERT")
+        assign_stored_weights(model, {"bert.embeddings.word_embeddings.weight": np.zeros(3)}, "a BERT")
     with pytest.raises(UserInputError, match="num_attention_heads"):
         replace(config, num_attention_heads=5)
     with pytest.raises(UserInputError, match="pad_token_id"):
@@ -243,7 +239,7 @@ def test_bfloat16_gives_the_float32_logits_within_its_precision(text):
     config = config_for(text)
     model = build_modernbert(config, T, P)
     mixed = build_modernbert(config, T, P, dtype="mixed_bfloat16")
-    assign_hf_weights(mixed, hf_weights(model), "the float32 model")
+    assign_stored_weights(mixed, stored_weights(model), "the float32 model")
     got, expected = jax_logits(mixed, ids, positions), jax_logits(model, ids, positions)
     difference = np.abs(got - expected).max()
     print(f"bfloat16 against float32: {difference:.3f} (logits up to {np.abs(expected).max():.2f})")

@@ -34,11 +34,11 @@ from fault_injection import ENV  # noqa: E402
 
 from tpu_pretrain.cli import main  # noqa: E402
 from tpu_pretrain.config import Config  # noqa: E402
-from tpu_pretrain.core.run_weights import read_arrays  # noqa: E402
 from tpu_pretrain.data.create import create_pretraining_data  # noqa: E402
 from tpu_pretrain.data.sample_corpus import write_sample_corpus  # noqa: E402
 from tpu_pretrain.data.vocab import build_vocab, load_vocab  # noqa: E402
 from tpu_pretrain.errors import UserInputError  # noqa: E402
+from tpu_pretrain.models.run_weights import read_arrays  # noqa: E402
 
 STEPS, T = 12, 64
 
@@ -212,8 +212,8 @@ def test_continued_pretraining_from_a_transformers_folder(data, jax_cache, tmp_p
                     num_train_steps=2)
     trainer = JaxTrainer(Config.load(**settings))
     mask = load_vocab(data / "vocab.txt").index("[MASK]")
-    assert trainer.bert_config.hidden_size == 64 and trainer.bert_config.mask_token_id == mask  # from the vocab
-    weights = trainer.google_weights()
+    assert trainer.model_config.hidden_size == 64 and trainer.model_config.mask_token_id == mask  # from the vocab
+    weights = trainer.stored_weights()
     assert set(weights) == set(saved) - {"decoder.weight"}  # tied to the embeddings, as transformers saves it
     for name, value in weights.items():
         np.testing.assert_array_equal(value, saved[name], err_msg=name)

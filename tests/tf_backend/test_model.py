@@ -12,9 +12,9 @@ import tpu_pretrain  # noqa: F401  (selects Keras 2; must come before tensorflow
 import tensorflow as tf
 
 # isort: on
-from tpu_pretrain.core.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
-from tpu_pretrain.core.weight_names import huggingface_to_google, read_checkpoint_weights
 from tpu_pretrain.errors import UserInputError
+from tpu_pretrain.models.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
+from tpu_pretrain.models.weight_names import huggingface_to_google, read_checkpoint_weights
 from tpu_pretrain.tf_backend.model import build_pretraining_model
 from tpu_pretrain.tf_backend.weights import load_init_checkpoint
 
@@ -131,7 +131,7 @@ def test_google_checkpoint_naming_roundtrip(tmp_path):
     # Where TensorFlow cannot be imported (Colab's TPU image), the same checkpoint reads the same, bit for bit.
     script = ("import sys; sys.modules['tensorflow'] = None\n"
               "import numpy as np\n"
-              "from tpu_pretrain.core.weight_names import read_checkpoint_weights\n"
+              "from tpu_pretrain.models.weight_names import read_checkpoint_weights\n"
               f"np.savez({str(tmp_path / 'read.npz')!r}, **read_checkpoint_weights({prefix!r}))\n")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     read = np.load(tmp_path / "read.npz")

@@ -5,7 +5,7 @@ One table for the training log line and the benchmarks. A device is named as its
 TPU VM's accelerator type ("v5litepod-8", "v3-8"). The peaks are per device as both frameworks count devices
 (a TPU v2 or v3 *core*, one chip of the others), so a data-parallel group's peak is one device's times the
 number of replicas. MFU = sequences/s x training FLOPs per sequence
-(:func:`.bert_config.training_flops_per_sequence`) / peak FLOP/s.
+(:func:`..models.bert_config.training_flops_per_sequence`) / peak FLOP/s.
 """
 
 from __future__ import annotations

@@ -14,22 +14,19 @@ from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_sha256
 from ..data.vocab_tokenizer import SPECIAL_TOKENS
 from ..errors import UserInputError
-from .bert_config import BertConfig, bert_config_for_size, resolve_bert_config, training_flops_per_sequence
-from .modernbert_config import (
+from ..models.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
+from ..models.families import MODERNBERT, ModelFamily, family_named
+from ..models.modernbert_config import (
     ModernBertConfig,
     is_modernbert_folder,
     modernbert_config_for_size,
     resolve_modernbert_config,
     vocab_token_ids,
 )
-from .modernbert_config import training_flops_per_sequence as modernbert_flops
 from .run_folder import RunFolder
 from .schedules import Schedule, planned
 
 log = logging.getLogger(__name__)
-
-BERT, MODERNBERT = "bert", "modernbert"  # the model families (config's model_family)
-
 
 @dataclass
 class RunPlan:
@@ -41,7 +38,7 @@ class RunPlan:
     config: Config  # completed from the data (the caller's is unchanged)
     data: DataInfo
     vocab_file: str  # the vocab it trains with (copied into the run folder)
-    model_config: BertConfig | ModernBertConfig  # the model's shape, of the run's model_family
+    model_config: BertConfig | ModernBertConfig  # the model's shape, of the run's family
     warmup_was_auto: bool  # num_warmup_steps was -1: a resumed run keeps the warmup its checkpoint recorded
     planned_schedule: Schedule  # what the settings ask for from step 0
     schedule: Schedule  # what the run follows: the planned one, or re-planned on resume
@@ -75,7 +72,7 @@ class RunPlan:
                         settings={"no_nsp": d.no_nsp})
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
-        if config.model.model_family == MODERNBERT and not d.vocab_file:
+        if family_named(config.model.model_family) is MODERNBERT and not d.vocab_file:
             model_config = planned_modernbert_config(config, vocab_size)
         else:
             model_config = run_model_config(config, data)
@@ -83,21 +80,16 @@ class RunPlan:
         return cls(config, data, d.vocab_file, model_config, warmup_was_auto, schedule, schedule)
 
     @property
-    def bert_config(self) -> BertConfig | ModernBertConfig:
-        return self.model_config
-
-    @property
-    def family(self) -> str:
-        return self.config.model.model_family
+    def family(self) -> ModelFamily:
+        return family_named(self.config.model.model_family)
 
     @property
     def with_nsp(self) -> bool:
-        return not self.config.data.no_nsp and self.family == BERT
+        return not self.config.data.no_nsp and self.family.has_nsp
 
     def training_flops_per_sequence(self) -> float:
         d = self.config.data
-        flops = modernbert_flops if isinstance(self.model_config, ModernBertConfig) else training_flops_per_sequence
-        return flops(self.model_config, d.max_seq_length, d.max_predictions_per_seq)
+        return self.family.training_flops(self.model_config, d.max_seq_length, d.max_predictions_per_seq)
 
     def batch_geometry(self, replicas: int) -> int:
         """Check the global batch splits over ``replicas``; returns the global eval batch size (0: no eval)."""
@@ -191,8 +183,8 @@ def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
 
 def run_model_config(config: Config, data: DataInfo) -> BertConfig | ModernBertConfig:
     """The model's shape of the run's model_family (:func:`run_bert_config`, :func:`run_modernbert_config`)."""
-    return run_modernbert_config(config, data) if config.model.model_family == MODERNBERT else run_bert_config(
-        config, data)
+    return run_modernbert_config(config, data) if family_named(config.model.model_family) is MODERNBERT else (
+        run_bert_config(config, data))
 
 
 def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:

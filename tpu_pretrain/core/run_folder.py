@@ -35,15 +35,14 @@ from ..data.tokenizer_json import TOKENIZER_JSON as TOKENIZER  # a run's vocab w
 from ..data.tokenizer_json import is_tokenizer_json
 from ..data.vocab import load_vocab, vocab_copy_name, vocab_source
 from ..errors import UserInputError
+from ..models.bert_config import BertConfig
+from ..models.families import BERT, FAMILIES, ModelFamily, family_named, family_of
+from ..models.modernbert_config import ModernBertConfig
 from ..storage.local import atomic_open, write_text_atomic
-from .bert_config import BertConfig
-from .modernbert_config import ModernBertConfig
 
 CONFIG = "config.json"
 LOCK = "train.lock"
 IDENTITY = "run.json"
-BERT_CONFIG = "bert_config.json"
-MODERNBERT_CONFIG = "modernbert_config.json"
 VOCAB = "vocab.txt"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
@@ -55,7 +54,7 @@ MIRROR_STATE = "mirror.json"
 PLOTS = "plots"
 EXPORT = "export"
 # What a fresh runtime needs beside the checkpoints to resume, evaluate and export (the mirror carries it).
-MIRRORED = (CONFIG, IDENTITY, BERT_CONFIG, MODERNBERT_CONFIG, VOCAB, TOKENIZER, LOGS, SUMMARY, EVALUATION)
+MIRRORED = (CONFIG, IDENTITY, *(f.shape_file for f in FAMILIES.values()), VOCAB, TOKENIZER, LOGS, SUMMARY, EVALUATION)
 # Model fields a run may change between sessions (dropout does not change the weights' shapes).
 UNPINNED_MODEL_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout",
                          "attention_dropout", "mlp_dropout")
@@ -88,18 +87,16 @@ class RunFolder:
     def identity_file(self) -> Path:
         return self.path / IDENTITY
 
-    @property
-    def bert_config_file(self) -> Path:
-        return self.path / BERT_CONFIG
-
-    @property
-    def modernbert_config_file(self) -> Path:
-        return self.path / MODERNBERT_CONFIG
+    def shape_file(self, family: ModelFamily) -> Path:
+        return self.path / family.shape_file
 
     @property
     def model_config_file(self) -> Path:
-        """The model's shape: ``modernbert_config.json`` for a ModernBERT run, else ``bert_config.json``."""
-        return self.modernbert_config_file if self.modernbert_config_file.is_file() else self.bert_config_file
+        """The model's shape: the file of the family whose file is here (``bert_config.json`` where none is)."""
+        return self.shape_file(self._family_on_disk())
+
+    def _family_on_disk(self) -> ModelFamily:
+        return next((f for f in FAMILIES.values() if f is not BERT and self.shape_file(f).is_file()), BERT)
 
     @property
     def vocab_file(self) -> Path:
@@ -161,7 +158,7 @@ class RunFolder:
         missing file (evaluate and export would otherwise take it for some other kind of folder)."""
         if self.is_run() or not self.holds_a_run():
             return
-        shape = MODERNBERT_CONFIG if self._recorded_family() == "modernbert" else BERT_CONFIG
+        shape = family_named(self._recorded_family()).shape_file
         missing = [name for name in (CONFIG, shape) if not (self.path / name).is_file()]
         what = " and ".join(missing) or f"a readable {CONFIG} (the one there is not a run's)"
         present = ", ".join(n for n in (f"{CHECKPOINTS}/", IDENTITY) if (self.path / n.rstrip("/")).exists())
@@ -178,28 +175,24 @@ class RunFolder:
                 return json.loads(path.read_text())[section]["model_family"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-        return "modernbert" if self.modernbert_config_file.is_file() else "bert"
+        return self._family_on_disk().name
 
     def read_config(self) -> Config:
         if not self.config_file.is_file():
             raise UserInputError(f"{self.path} is not a run folder (no {CONFIG}): start it with `tpu-pretrain train`.")
         return Config.from_file(self.config_file)
 
-    def read_bert_config(self) -> BertConfig | ModernBertConfig:
-        """The model's shape: a :class:`.modernbert_config.ModernBertConfig` for a ModernBERT run."""
-        if self.modernbert_config_file.is_file():
-            return ModernBertConfig.from_json_file(self.modernbert_config_file)
-        return BertConfig.from_json_file(self.bert_config_file)
-
-    read_model_config = read_bert_config
+    def read_model_config(self) -> BertConfig | ModernBertConfig:
+        """The model's shape, of the run's family (its config class)."""
+        family = self._family_on_disk()
+        return family.config_class.from_json_file(self.shape_file(family))
 
     def write_run_files(self, config: Config, model_config: BertConfig | ModernBertConfig,
                         vocab_file: str | None) -> None:
         """The resolved configuration, the model's shape and the vocab: what the weights need to be used."""
         self.path.mkdir(parents=True, exist_ok=True)
         config.save(self.config_file)
-        is_modern = isinstance(model_config, ModernBertConfig)
-        model_config.to_json_file(self.modernbert_config_file if is_modern else self.bert_config_file)
+        model_config.to_json_file(self.shape_file(family_of(model_config)))
         copy = self.path / vocab_copy_name(vocab_file) if vocab_file else None
         if vocab_file and vocab_source(vocab_file).resolve() != copy.resolve():
             with open(vocab_source(vocab_file), "rb") as src, atomic_open(copy) as dst:
@@ -282,7 +275,7 @@ def identity_differences(previous: dict, identity: dict) -> list[str]:
         before = previous["settings"].get(key, SETTINGS_BEFORE_THEY_EXISTED.get(key, fields[key].default))
         if before != value:
             differences.append(f"{key}: {before!r} in the run, {value!r} now")
-    family = previous["settings"].get("model_family", "bert") != identity["settings"].get("model_family", "bert")
+    family = previous["settings"].get("model_family", BERT.name) != identity["settings"].get("model_family", BERT.name)
     for key, value in identity["model"].items():
         if not family and previous["model"].get(key) != value:  # another family: other fields altogether
             differences.append(f"model {key}: {previous['model'].get(key)!r} in the run, {value!r} now")
@@ -314,7 +307,7 @@ def trained_vocab_file(run: RunFolder, config: Config) -> str:
 def _check_vocab_fits_model(run: RunFolder, vocab_file: Path) -> None:
     if not run.model_config_file.is_file():
         return
-    tokens, model = len(load_vocab(vocab_file)), run.read_bert_config().vocab_size
+    tokens, model = len(load_vocab(vocab_file)), run.read_model_config().vocab_size
     if tokens > model or (tokens != model and not is_tokenizer_json(vocab_file)):  # a tokenizer's model may pad
         raise UserInputError(
             f"{vocab_file} has {tokens} tokens but the model of run {run.path} has vocab_size {model}: it is not the "

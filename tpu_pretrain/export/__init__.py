@@ -1,7 +1,7 @@
 """Using a trained model: rebuild it, evaluate it, fill masks, export it, draw its curves.
 
 - ``rebuild``: a run's (or a released checkpoint's) model with its vocab and casing, on the backend that trained
-  the run (:class:`..core.inference.InferenceModel`), and a run's weights by Google name.
+  the run (:class:`..models.inference.InferenceModel`), and a run's weights by Google name.
 - ``evaluate``: held-out MLM/NSP figures and ``evaluation.json``.
 - ``fill_mask``: whole-word fill-mask predictions for sentences with ``[MASK]`` slots.
 - ``writers``: the Hugging Face folder and Google's original TF checkpoint.

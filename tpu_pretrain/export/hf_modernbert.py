@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.modernbert_config import ModernBertConfig
-from ..core.weight_names import read_modernbert_folder, read_weight_files, write_safetensors
 from ..data.tokenizer_json import is_tokenizer_json
 from ..errors import UserInputError
+from ..models.modernbert_config import ModernBertConfig
+from ..models.weight_names import read_modernbert_folder, read_weight_files, write_safetensors
 from .folder import write_export_folder, write_tokenizer_files, write_tokenizer_json_files
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
@@ -32,9 +32,9 @@ def export_weights(model_or_weights, config: ModernBertConfig) -> dict[str, np.n
     if isinstance(model_or_weights, dict):
         weights = {name: np.asarray(value, np.float32) for name, value in model_or_weights.items()}
     else:
-        from ..jax_backend.modernbert import hf_weights
+        from ..jax_backend.families import stored_weights
 
-        weights = hf_weights(model_or_weights)
+        weights = stored_weights(model_or_weights)
     if config.tie_word_embeddings and DECODER in weights:
         decoder = weights.pop(DECODER)
         if EMBEDDINGS in weights and not np.array_equal(decoder, weights[EMBEDDINGS]):

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.inference import InferenceModel
 from ..data.tokenization import load_tokenizer
 from ..errors import UserInputError
+from ..models.inference import InferenceModel
 from ..storage.local import write_text_atomic
 from . import PROBE_MODES
 from .rebuild import load_trained_model, untrained_copy

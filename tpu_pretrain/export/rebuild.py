@@ -4,8 +4,8 @@ released checkpoint's.
 Evaluation and export both start from "the model of this run", so the rebuild lives here: the run folder
 says where its configuration, model shape, vocab and checkpoints are (:mod:`..core.run_folder`). A run is
 rebuilt by the backend that trained it (``config.json``'s ``train.backend``), as a float32
-:class:`..core.inference.InferenceModel`: a JAX run never loads TensorFlow. Weights come by Google name
-(:mod:`..core.run_weights`); only a TensorFlow training checkpoint is restored by the TensorFlow model itself.
+:class:`..models.inference.InferenceModel`: a JAX run never loads TensorFlow. Weights come by Google name
+(:mod:`..models.run_weights`); only a TensorFlow training checkpoint is restored by the TensorFlow model itself.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ import numpy as np
 
 from ..backend import jax_installed, tensorflow_installed
 from ..config import Config
-from ..core.bert_config import BertConfig, checkpoint_bert_config
 from ..core.checkpoints import CheckpointError, checkpoint_name, find_checkpoint, list_checkpoints
-from ..core.inference import InferenceModel
-from ..core.modernbert_config import ModernBertConfig, is_modernbert_folder
 from ..core.run_folder import RunFolder, trained_vocab_file
-from ..core.run_weights import (
+from ..environment import BERT4KERAS_VERSION
+from ..errors import UserInputError
+from ..models.bert_config import BertConfig, checkpoint_bert_config
+from ..models.inference import InferenceModel
+from ..models.modernbert_config import ModernBertConfig, is_modernbert_folder
+from ..models.run_weights import (
     JAX,
     TENSORFLOW,
     checkpoint_format,
@@ -35,9 +37,7 @@ from ..core.run_weights import (
     jax_checkpoint_folder,
     read_google_weights,
 )
-from ..core.tf_bundle import find_bundle_prefix, list_tensors
-from ..environment import BERT4KERAS_VERSION
-from ..errors import UserInputError
+from ..models.tf_bundle import find_bundle_prefix, list_tensors
 from ..training import recorded_backend
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,9 @@ class TrainedModel:
     def max_predictions_per_seq(self) -> int:
         return self.model.max_predictions_per_seq
 
-    def google_weights(self) -> dict[str, np.ndarray]:
+    def stored_weights(self) -> dict[str, np.ndarray]:
         """The weights by Google name, without those that were never trained (left random)."""
-        return self.model.google_weights(self.untrained)
+        return self.model.stored_weights(self.untrained)
 
 
 def latest_weights(run_dir: str | os.PathLike, step: int | None = None) -> tuple[str, int] | None:
@@ -170,7 +170,7 @@ def restore_weights(model: InferenceModel, weights: str) -> tuple[str, list[str]
                                  "cannot read it. Export it with TensorFlow first (`tpu-pretrain export RUN`).")
         model.restore_object_checkpoint(prefix)  # TfInference's own, beyond the shared contract
         return prefix, []
-    missing = model.load_google_weights(by_name, str(weights))
+    missing = model.load_stored_weights(by_name, str(weights))
     if missing:
         log.warning("%s lacks %d weights (%s...): they are random.", weights, len(missing), ", ".join(missing[:3]))
     folder = jax_checkpoint_folder(weights)
@@ -186,7 +186,7 @@ def run_google_weights(source: str | os.PathLike, checkpoint: str | None = None
     """
     _check_local(source)
     run = RunFolder(source)
-    config, bert_config = run.read_config(), run.read_bert_config()
+    config, model_config = run.read_config(), run.read_model_config()
     path, _ = run_checkpoint(run, checkpoint)
     with_nsp = not config.data.no_nsp
     weights = read_google_weights(path)
@@ -194,10 +194,10 @@ def run_google_weights(source: str | os.PathLike, checkpoint: str | None = None
         inference_backend(path)  # says what to do where TensorFlow is not installed
         from ..tf_backend.inference import object_checkpoint_weights
 
-        weights = object_checkpoint_weights(find_bundle_prefix(path), bert_config, with_nsp)
+        weights = object_checkpoint_weights(find_bundle_prefix(path), model_config, with_nsp)
     elif not with_nsp:  # what a model without the NSP branch would not take
         weights = {name: value for name, value in weights.items() if not has_nsp_weights([name])}
-    return weights, bert_config, trained_vocab_file(run, config), config.data.do_lower_case
+    return weights, model_config, trained_vocab_file(run, config), config.data.do_lower_case
 
 
 def untrained_copy(trained: TrainedModel, seed: int = 0) -> TrainedModel:
@@ -223,9 +223,9 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
     run = RunFolder(source)
     run.check_not_damaged()
     if run.is_run():
-        config, bert_config = run.read_config(), run.read_bert_config()
+        config, model_config = run.read_config(), run.read_model_config()
         weights, step = run_checkpoint(run, checkpoint)
-        model = build_inference(inference_backend(weights, recorded_backend(source), backend), bert_config,
+        model = build_inference(inference_backend(weights, recorded_backend(source), backend), model_config,
                                 max_seq_length or config.data.max_seq_length,
                                 max_predictions_per_seq or config.data.max_predictions_per_seq, not config.data.no_nsp)
         weights, untrained = restore_weights(model, weights)
@@ -243,8 +243,8 @@ def _load_released(source: str, checkpoint: str | None, max_seq_length: int | No
         raise UserInputError(f"{weights} is a transformers ModernBERT folder: use it with transformers as it is, or "
                              f"continue pretraining it (train --model_family modernbert --init_checkpoint {weights}); "
                              "evaluate, probe and export take the runs of this tool.")
-    bert_config = checkpoint_bert_config(weights)
-    if bert_config is None:
+    model_config = checkpoint_bert_config(weights)
+    if model_config is None:
         raise UserInputError(f"{source} is neither a run folder (config.json + bert_config.json) nor a checkpoint "
                              "with its bert_config.json/config.json beside it.")
     folder = Path(weights)
@@ -253,8 +253,8 @@ def _load_released(source: str, checkpoint: str | None, max_seq_length: int | No
     if not vocab.is_file():
         raise UserInputError(f"No vocab.txt next to {weights}.")
     with_nsp = _has_pooler(weights)  # the pooler lives in our NSP branch
-    seq = max_seq_length or min(128, bert_config.max_position_embeddings)
-    model = build_inference(inference_backend(weights, requested=backend), bert_config, seq,
+    seq = max_seq_length or min(128, model_config.max_position_embeddings)
+    model = build_inference(inference_backend(weights, requested=backend), model_config, seq,
                             max_predictions_per_seq or 20, with_nsp)
     weights, untrained = restore_weights(model, weights)
     lower = _checkpoint_lower_case(folder) if do_lower_case is None else do_lower_case

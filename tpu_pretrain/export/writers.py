@@ -2,7 +2,7 @@
 
 Both formats start from one dict of weights under Google's BERT names, asked of :mod:`.rebuild` whichever
 backend trained the run (a JAX run's are read with NumPy; a TensorFlow run's are mapped by its model);
-the renaming both ways lives in :mod:`..core.weight_names`, so an export imports back unchanged and is the
+the renaming both ways lives in :mod:`..models.weight_names`, so an export imports back unchanged and is the
 same whichever backend trained the model. Neither writer needs torch, transformers or a TF1 session; the
 Hugging Face export of a JAX run needs neither TensorFlow nor JAX. A ModernBERT run's weights keep transformers'
 names: it exports as a transformers ``ModernBertForMaskedLM`` folder (:mod:`.hf_modernbert`), and only so.
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.bert_config import BertConfig
-from ..core.inference import InferenceModel
-from ..core.modernbert_config import ModernBertConfig
 from ..core.run_folder import RunFolder
-from ..core.weight_names import google_to_huggingface, write_safetensors
 from ..environment import import_tensorflow
 from ..errors import UserInputError
+from ..models.bert_config import BertConfig
+from ..models.inference import InferenceModel
+from ..models.modernbert_config import ModernBertConfig
+from ..models.weight_names import google_to_huggingface, write_safetensors
 from . import FORMATS, HEADS
 from .folder import check_export_destination, write_export_folder, write_tokenizer_files
 from .hf_modernbert import write_modernbert_folder
@@ -62,9 +62,9 @@ def export_huggingface(model: InferenceModel, output_dir: str | os.PathLike, voc
     :func:`.hf_modernbert.write_modernbert_folder`)."""
     if isinstance(model.config, ModernBertConfig):
         check_modernbert_export("hf", heads)
-        return write_modernbert_folder(model.google_weights(skip), model.config, output_dir, vocab_file=vocab_file,
+        return write_modernbert_folder(model.stored_weights(skip), model.config, output_dir, vocab_file=vocab_file,
                                        do_lower_case=do_lower_case)
-    return write_huggingface(model.google_weights(skip), model.config, output_dir, vocab_file, do_lower_case, heads)
+    return write_huggingface(model.stored_weights(skip), model.config, output_dir, vocab_file, do_lower_case, heads)
 
 
 def write_huggingface(google: dict[str, np.ndarray], config: BertConfig, output_dir: str | os.PathLike,
@@ -159,7 +159,7 @@ def export(source: str | os.PathLike, format: str = "hf", output_dir: str | os.P
         weights, model_config, vocab, lower = run_google_weights(source, checkpoint)
     else:
         trained = trained or load_trained_model(source, checkpoint, backend=backend)
-        weights, model_config = trained.google_weights(), trained.model.config
+        weights, model_config = trained.stored_weights(), trained.model.config
         vocab, lower = trained.vocab_file, trained.do_lower_case
     if isinstance(model_config, ModernBertConfig):
         check_modernbert_export(format, heads)

@@ -70,10 +70,10 @@ def measure(folder: Path, model_size: str, batch: int, steps: int) -> dict:
     import numpy as np
 
     from ..config import Config
-    from ..core.bert_config import bert_config_for_size, training_flops_per_sequence
     from ..core.checkpoints import CheckpointManager
     from ..core.run_folder import RunFolder
     from ..data.random_data import write_random_data_folder
+    from ..models.bert_config import bert_config_for_size, training_flops_per_sequence
     from .trainer import JaxTrainer
 
     data = write_random_data_folder(folder / "data", batch * (steps + 3), SEQ, PRED, VOCAB)
@@ -90,10 +90,10 @@ def measure(folder: Path, model_size: str, batch: int, steps: int) -> dict:
     print(f"{steps} steps of {batch} x {SEQ} tokens: {rate:.1f} sequences/s, loss {loss:.3f}", flush=True)
     manager = CheckpointManager(RunFolder(folder / "run").checkpoints, trainer.checkpoint_state(), keep_max=1)
     manager.save(trainer.step)
-    expected = trainer.google_weights()
+    expected = trainer.stored_weights()
     trainer.train_steps(1)
     manager.restore_latest()
-    restored = all(np.array_equal(w, expected[n]) for n, w in trainer.google_weights().items())
+    restored = all(np.array_equal(w, expected[n]) for n, w in trainer.stored_weights().items())
     trainer.close()
     flops = training_flops_per_sequence(bert_config_for_size(model_size, VOCAB), SEQ, PRED)
     first = trainer.devices.devices[0]

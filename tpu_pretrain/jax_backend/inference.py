@@ -1,4 +1,4 @@
-"""The JAX backend's half of :class:`..core.inference.InferenceModel`: a run used without TensorFlow.
+"""The JAX backend's half of :class:`..models.inference.InferenceModel`: a run used without TensorFlow.
 
 The Keras 3 model of :mod:`.model` (or :mod:`.modernbert`: :mod:`.families` picks by the config), in float32,
 filled with weights by Google name (a ModernBERT's by transformers' names, as its run stores them); its logits, batch
@@ -19,10 +19,10 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..core.bert_config import BertConfig  # noqa: E402
-from ..core.modernbert_config import ModernBertConfig  # noqa: E402
-from ..core.run_weights import JAX  # noqa: E402
-from .families import family_of  # noqa: E402
+from ..models.bert_config import BertConfig  # noqa: E402
+from ..models.modernbert_config import ModernBertConfig  # noqa: E402
+from ..models.run_weights import JAX  # noqa: E402
+from .families import jax_family  # noqa: E402
 from .model import PretrainingBert  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
 
@@ -37,7 +37,7 @@ class JaxInference:
 
     def __init__(self, model: PretrainingBert, max_seq_length: int, max_predictions_per_seq: int):
         self.model, self.config, self.with_nsp = model, model.config, model.with_nsp
-        self.family = family_of(model.config)
+        self.family = jax_family(model.config)
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self._outputs = self._compiled(lambda ids, segments, positions: model([ids, segments, positions]))
         self._stats = self._compiled(lambda batch: pretraining_stats(
@@ -49,7 +49,7 @@ class JaxInference:
               with_nsp: bool, seed: int | None = None) -> JaxInference:
         if seed is not None:
             keras.utils.set_random_seed(seed)
-        model = family_of(config).build(config, max_seq_length, max_predictions_per_seq, with_nsp, dtype="float32")
+        model = jax_family(config).build(config, max_seq_length, max_predictions_per_seq, with_nsp, dtype="float32")
         return cls(model, max_seq_length, max_predictions_per_seq)
 
     def _compiled(self, function):
@@ -64,11 +64,11 @@ class JaxInference:
         return lambda *args: compiled([v.value for v in variables], *args)
 
     # -- the contract ---------------------------------------------------------------------------------
-    def load_google_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]:
-        return self.family.assign(self.model, weights, source)[1]
+    def load_stored_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]:
+        return self.family.assign(self.family.variables(self.model), weights, source)[1]
 
-    def google_weights(self, skip=()) -> dict[str, np.ndarray]:
-        return self.family.weights(self.model, skip)
+    def stored_weights(self, skip=()) -> dict[str, np.ndarray]:
+        return self.family.stored_weights(self.model, skip)
 
     def outputs(self, input_ids, segment_ids, positions) -> list[np.ndarray]:
         out = self._outputs(*(np.asarray(x, np.int32) for x in (input_ids, segment_ids, positions)))

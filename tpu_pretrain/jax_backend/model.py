@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import numpy as np
-
 from . import select_keras_backend
 
 select_keras_backend()
@@ -30,10 +28,10 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..core.bert_config import BertConfig  # noqa: E402
-from ..core.weight_names import NSP_WEIGHTS  # noqa: E402
 from ..environment import environment_override  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
+from ..models.bert_config import BertConfig  # noqa: E402
+from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 # How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
@@ -309,27 +307,3 @@ def to_google(name: str, value):
 
 def from_google(name: str, value):
     return value.T if name == NSP_WEIGHTS else value
-
-
-def google_weights(model: PretrainingBert, skip=()) -> dict[str, np.ndarray]:
-    """Every weight of the model (but those in ``skip``) by Google name, as Google stores it (float32)."""
-    return {name: np.asarray(to_google(name, np.asarray(variable.value)), np.float32)
-            for name, variable in google_variables(model).items() if name not in skip}
-
-
-def assign_google_weights(model: PretrainingBert, weights: dict[str, np.ndarray], source: str) -> tuple[list, list]:
-    """Load weights given by Google name (from any checkpoint or backend); returns (loaded, missing) names."""
-    variables = google_variables(model)
-    loaded = [name for name in variables if name in weights]
-    missing = [name for name in variables if name not in weights]
-    if not loaded:
-        raise UserInputError(f"{source} holds no BERT weights that this model uses.")
-    values = {}
-    for name in loaded:
-        values[name] = np.asarray(from_google(name, weights[name]), np.float32)
-        if tuple(values[name].shape) != tuple(variables[name].shape):
-            raise UserInputError(f"{source}: {name} has shape {tuple(values[name].shape)} but the model needs "
-                                 f"{tuple(variables[name].shape)}; build the model from the checkpoint's config.")
-    for name, value in values.items():
-        variables[name].assign(value)
-    return loaded, missing

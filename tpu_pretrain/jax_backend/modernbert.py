@@ -35,8 +35,8 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..core.modernbert_config import ModernBertConfig  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
+from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from .model import Bias, activation, attention_path, fused_attention  # noqa: E402
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
@@ -267,36 +267,12 @@ def to_hf(name: str, value: np.ndarray) -> np.ndarray:
     return value.T if value.ndim == 2 and name != EMBEDDINGS else value
 
 
-def hf_weights(model: PretrainingModernBert) -> dict[str, np.ndarray]:
-    """Every weight by transformers' name and layout (float32); a tied ``decoder.weight`` is left out, as
-    transformers' ``save_pretrained`` leaves it out (it ties it again on loading)."""
-    return {name: np.ascontiguousarray(to_hf(name, np.asarray(variable.value, np.float32)))
-            for name, variable in hf_variables(model).items()}
-
-
-def assign_hf_weights(model: PretrainingModernBert, weights: dict[str, np.ndarray], source: str
-                      ) -> tuple[list, list]:
-    """Load weights given by transformers' names and layout (a state dict, a ``model.safetensors``); returns
-    (loaded, missing) names. A ``decoder.weight`` given to a tied model must equal the embeddings it is tied to."""
-    variables = hf_variables(model)
-    loaded = [name for name in variables if name in weights]
-    missing = [name for name in variables if name not in weights]
-    if not loaded:
-        raise UserInputError(f"{source} holds no ModernBERT weights that this model uses.")
-    values = {}
-    for name in loaded:
-        value = np.asarray(weights[name], np.float32)
-        needed = tuple(to_hf(name, np.empty(variables[name].shape, np.float32)).shape)
-        if tuple(value.shape) != needed:
-            raise UserInputError(f"{source}: {name} has shape {tuple(value.shape)} but the model needs {needed}; "
-                                 "build the model from the checkpoint's config.")
-        values[name] = to_hf(name, value)
+def check_tied_decoder(weights: dict[str, np.ndarray], values: dict, variables: dict, source: str) -> None:
+    """A ``decoder.weight`` given to a tied model must equal the embeddings it is tied to (the ones being loaded,
+    else the model's own)."""
     if DECODER in weights and DECODER not in variables:
         tied = values.get(EMBEDDINGS, np.asarray(variables[EMBEDDINGS].value, np.float32))
         if np.shape(weights[DECODER]) != tied.shape or not np.array_equal(np.asarray(weights[DECODER], np.float32),
                                                                           tied):
             raise UserInputError(f"{source}: {DECODER} differs from {EMBEDDINGS}, but this model ties them "
                                  "(tie_word_embeddings); build it with tie_word_embeddings false.")
-    for name, value in values.items():
-        variables[name].assign(value)
-    return loaded, missing

@@ -314,8 +314,8 @@ def _libtpu_version() -> str:
 
 def describe_run(trainer) -> str:
     """The settings the compiled step is made of."""
-    c, d, t, model = trainer.config, trainer.config.data, trainer.config.train, trainer.bert_config
-    family = "ModernBERT" if c.model.model_family == "modernbert" else "BERT"
+    d, t, model = trainer.config.data, trainer.config.train, trainer.model_config
+    family = trainer.plan.family.title
     heads = ("NSP + " if trainer.with_nsp else "") + "MLM"
     dropout = getattr(model, "hidden_dropout_prob", None)
     if dropout is None:  # ModernBERT's: embeddings, attention and MLP, set together by hidden_dropout_prob

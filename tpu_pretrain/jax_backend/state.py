@@ -2,7 +2,7 @@
 in one ``state.npz``.
 
 The file's layout (arrays by name, laid out as in Google's checkpoints) and its readers belong to
-:mod:`..core.run_weights`, so evaluating or exporting a JAX run reads its weights with NumPy alone; this
+:mod:`..models.run_weights`, so evaluating or exporting a JAX run reads its weights with NumPy alone; this
 module writes it and restores the trainer from it. The checkpoint folder around it (atomic, verified,
 pruned, mirrored) is :mod:`..core.checkpoints`'s, shared with the TensorFlow backend.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.run_weights import PARAMS, STATE_FILE, read_arrays
+from ..models.run_weights import PARAMS, STATE_FILE, read_arrays
 
 LOSS_SCALE = "loss_scale"  # float16 compute: loss_scale/scale and loss_scale/good_steps
 LOSS_SCALE_ARRAYS = ("scale", "good_steps")

@@ -34,7 +34,7 @@ from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
-from .families import family_of  # noqa: E402
+from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
@@ -78,7 +78,7 @@ class JaxTrainer:
 
     def __init__(self, config: Config, devices: Devices | None = None, plan: RunPlan | None = None):
         self.plan = plan or RunPlan.resolve(config)
-        self.config, self.data, self.bert_config = self.plan.config, self.plan.data, self.plan.bert_config
+        self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
         self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
         t = self.config.train
         self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
@@ -94,8 +94,8 @@ class JaxTrainer:
     def _build(self) -> None:
         t, d = self.config.train, self.config.data
         keras.utils.set_random_seed(t.train_seed)
-        self.family = family_of(self.bert_config)  # BERT or ModernBERT: its model, weight names and layout
-        self.model = self.family.build(self.bert_config, d.max_seq_length, d.max_predictions_per_seq, self.with_nsp,
+        self.family = jax_family(self.model_config)  # BERT or ModernBERT: its model, weight names and layout
+        self.model = self.family.build(self.model_config, d.max_seq_length, d.max_predictions_per_seq, self.with_nsp,
                                        dtype=self.devices.dtype_policy)
         by_id = {id(v): name for name, v in self.family.variables(self.model).items()}
         self.names = [by_id[id(v)] for v in self.model.trainable_variables]
@@ -131,9 +131,7 @@ class JaxTrainer:
     def _load_init_checkpoint(self, path: str) -> None:
         """Released weights by the family's names: BERT's Google or Hugging Face checkpoints by Google name (a
         Google TF checkpoint is read with NumPy alone), ModernBERT's transformers folders by transformers' names."""
-        loaded, missing = self.set_google_weights(self.family.read_init(path), strict=False)
-        if not loaded:
-            raise UserInputError(f"init_checkpoint {path} holds no {self.family.what} weights that this model uses.")
+        loaded, missing = self.load_stored_weights(self.family.read_init(path), f"init_checkpoint {path}")
         log.info("Initialised %d weights from %s; %d keep their random init%s", len(loaded), path, len(missing),
                  f": {', '.join(missing[:6])}" if missing else "")
 
@@ -332,24 +330,16 @@ class JaxTrainer:
         return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
 
     # -- weights and checkpoints ------------------------------------------------------------------------
-    def google_weights(self) -> dict[str, np.ndarray]:
+    def stored_weights(self) -> dict[str, np.ndarray]:
         """The current weights by stored name, as stored (float32): Google's for BERT, transformers' for ModernBERT."""
         params = jax.device_get(self.state["params"])
         return {n: np.asarray(self.family.to_stored(n, p), np.float32) for n, p in zip(self.names, params, strict=True)}
 
-    def set_google_weights(self, weights: dict[str, np.ndarray], strict: bool = True) -> tuple[list, list]:
+    def load_stored_weights(self, weights: dict[str, np.ndarray], source: str, strict: bool = False
+                            ) -> tuple[list, list]:
         """Load weights by stored name; returns (loaded, missing) names. ``strict``: all must be there."""
         variables = dict(zip(self.names, self.model.trainable_variables, strict=True))
-        loaded = [n for n in self.names if n in weights]
-        missing = [n for n in self.names if n not in weights]
-        if strict and missing:
-            raise ValueError(f"weights lack {missing[:3]}")
-        for name in loaded:
-            value = np.asarray(self.family.from_stored(name, weights[name]), np.float32)
-            if tuple(value.shape) != tuple(variables[name].shape):
-                raise UserInputError(f"{name} has shape {tuple(value.shape)} but the model needs "
-                                     f"{tuple(variables[name].shape)}; build the model from the checkpoint's config.")
-            variables[name].assign(value)
+        loaded, missing = self.family.assign(variables, weights, source, strict)
         if hasattr(self, "state"):
             self.state["params"] = self._place([v.value for v in self.model.trainable_variables])
         return loaded, missing

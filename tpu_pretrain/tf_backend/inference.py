@@ -1,4 +1,4 @@
-"""The TensorFlow backend's half of :class:`..core.inference.InferenceModel`, and its own training checkpoints.
+"""The TensorFlow backend's half of :class:`..models.inference.InferenceModel`, and its own training checkpoints.
 
 The bert4keras model of :mod:`.model`, built in float32 whatever mixed-precision policy training left
 behind, filled with weights by Google name (:mod:`.weights`) or restored from one of this backend's
@@ -12,8 +12,8 @@ import logging
 
 import numpy as np
 
-from ..core.bert_config import BertConfig
-from ..core.run_weights import TENSORFLOW
+from ..models.bert_config import BertConfig
+from ..models.run_weights import TENSORFLOW
 from .framework import tf
 from .model import PretrainingModel, build_pretraining_model
 from .stats import pretraining_stats
@@ -59,10 +59,10 @@ class TfInference:
         status.expect_partial()
 
     # -- the contract ---------------------------------------------------------------------------------
-    def load_google_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]:
+    def load_stored_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]:
         return load_google_weights(self.pretraining, weights, source).missing
 
-    def google_weights(self, skip=()) -> dict[str, np.ndarray]:
+    def stored_weights(self, skip=()) -> dict[str, np.ndarray]:
         return google_weights(self.pretraining, skip)
 
     def outputs(self, input_ids, segment_ids, positions) -> list[np.ndarray]:
@@ -113,4 +113,4 @@ def object_checkpoint_weights(prefix: str, config: BertConfig, with_nsp: bool) -
     """The weights of one of this backend's training checkpoints, by Google name (the model maps the names)."""
     model = TfInference.build(config, min(128, config.max_position_embeddings), 1, with_nsp)
     model.restore_object_checkpoint(prefix)
-    return model.google_weights()
+    return model.stored_weights()

@@ -1,4 +1,4 @@
-"""The BERT pretraining model, built with bert4keras (its shape: :mod:`..core.bert_config`; its weights by
+"""The BERT pretraining model, built with bert4keras (its shape: :mod:`..models.bert_config`; its weights by
 name: :mod:`.weights`).
 
 Why not bert4keras's own ``with_mlm=True`` head: it computes full-vocabulary logits for every token,
@@ -31,7 +31,7 @@ from bert4keras.backend import align, attention_normalize
 from bert4keras.layers import Dense, Dropout, Embedding, Lambda, LayerNormalization, MultiHeadAttention, ScaleOffset
 from bert4keras.models import BERT
 
-from ..core.bert_config import BertConfig
+from ..models.bert_config import BertConfig
 
 keras = tf.keras
 

@@ -45,7 +45,7 @@ class Trainer:
 
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
         self.plan = RunPlan.resolve(config)
-        self.config, self.data, self.bert_config = self.plan.config, self.plan.data, self.plan.bert_config
+        self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
         self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
         t = self.config.train
         self.accelerator = accelerator or detect_accelerator(
@@ -71,7 +71,7 @@ class Trainer:
         tf.keras.utils.set_random_seed(t.train_seed)
         set_precision_policy(self.accelerator)
         with self.strategy.scope():
-            self.pretraining = build_pretraining_model(self.bert_config, d.max_seq_length, d.max_predictions_per_seq,
+            self.pretraining = build_pretraining_model(self.model_config, d.max_seq_length, d.max_predictions_per_seq,
                                                        self.with_nsp)
             self.model = self.pretraining.model
             if self.config.model.init_checkpoint:

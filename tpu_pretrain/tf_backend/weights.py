@@ -2,7 +2,7 @@
 
 Google's BERT names (``bert/encoder/layer_0/attention/self/query/kernel``) are the hub: bert4keras's
 ``variable_mapping`` maps the model's layers to them; the renaming to and from Hugging Face names and
-the safetensors format (no TensorFlow needed) live in :mod:`..core.weight_names`.
+the safetensors format (no TensorFlow needed) live in :mod:`..models.weight_names`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.weight_names import NSP_WEIGHTS, read_checkpoint_weights, tf_checkpoint_prefix
 from ..errors import UserInputError
+from ..models.weight_names import NSP_WEIGHTS, read_checkpoint_weights, tf_checkpoint_prefix
 from .framework import tf
 from .model import PretrainingModel
 

@@ -4,7 +4,7 @@ Each backend builds its own model and fills it with weights given by Google BERT
 checkpoint format is read into, :mod:`.run_weights`; a ModernBERT, the JAX backend's alone, by transformers'
 names), so ``export/`` works on any run without knowing which backend trained it, and a run is used by the
 backend that trained it: a JAX run never needs TensorFlow.
-Arrays in and out are NumPy; the statistics are :mod:`.metrics`'s sums, the same formula in both backends.
+Arrays in and out are NumPy; the statistics are :mod:`..core.metrics`'s sums, the same formula in both backends.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ class InferenceModel(Protocol):
     max_seq_length: int
     max_predictions_per_seq: int
 
-    def load_google_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]: ...  # -> missing names
+    def load_stored_weights(self, weights: dict[str, np.ndarray], source: str) -> list[str]: ...  # -> missing names
 
-    def google_weights(self, skip=()) -> dict[str, np.ndarray]: ...  # every weight but ``skip``, as Google stores it
+    def stored_weights(self, skip=()) -> dict[str, np.ndarray]: ...  # every weight but ``skip``, as Google stores it
 
     def outputs(self, input_ids, segment_ids, positions) -> list[np.ndarray]: ...  # [mlm_logits(, nsp_logits)]
 

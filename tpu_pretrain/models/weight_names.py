@@ -184,7 +184,7 @@ def read_weight_files(folder: Path) -> dict[str, np.ndarray]:
 def read_modernbert_folder(folder: str | os.PathLike) -> tuple[ModernBertConfig, dict[str, np.ndarray]]:
     """The config and weights (transformers' names and layout, float32) of a transformers ModernBERT folder:
     ``ModernBertForMaskedLM``'s, or an encoder's (``ModernBertModel``: its names get the ``model.`` prefix and
-    the head is missing). Load them with :func:`..jax_backend.modernbert.assign_hf_weights`."""
+    the head is missing). Load them with :meth:`..jax_backend.families.JaxFamily.assign`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"{folder} is not a folder: give a transformers ModernBERT folder (config.json and "

@@ -1,0 +1,7 @@
+"""What a model is, whatever framework trains it (imports neither TensorFlow nor JAX; NumPy alone).
+
+- ``families``: the model families (BERT, ModernBERT), one record each: the one place that names them.
+- ``bert_config``, ``modernbert_config``: each family's shape, its named sizes and FLOPs formula.
+- ``weight_names``, ``tf_bundle``, ``run_weights``: weights as checkpoints and exports store them, read with NumPy.
+- ``inference``: what evaluate, fill-mask, the probe and export need of a built model, both backends alike.
+"""
