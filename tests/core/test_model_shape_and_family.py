@@ -42,7 +42,7 @@ def test_a_model_size_beside_a_checkpoint_of_another_shape_is_said_and_not_recor
     assert (plan.model_config.num_hidden_layers, plan.model_config.hidden_size) == (4, 256)  # the checkpoint's
     assert f"model_size L2-H128 is not the shape of init_checkpoint {checkpoint} (4 layers, hidden 256" in caplog.text
     run = RunFolder(tmp_path / "run")
-    run.write_run_files(plan.config, plan.model_config, plan.vocab_file)
+    run.write_run_files(plan.config, plan.model_config, plan.vocab)
     assert json.loads(run.config_file.read_text())["model"]["model_size"] == ""  # not the size it does not train
     caplog.clear()
     same = RunPlan.resolve(Config.load(data_dir=str(data / "data"), output_dir=str(tmp_path / "run2"),

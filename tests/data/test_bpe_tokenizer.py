@@ -157,7 +157,7 @@ def test_a_model_folder_is_a_vocab_file_and_a_lost_tokenizer_json_is_named(made,
         RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data")}))
     plan = RunPlan.resolve(Config.load(**{**settings, "data_dir": str(tmp_path / "data"),
                                           "vocab_file": str(made / "model")}))  # the advice given works
-    assert plan.vocab_file == str(made / "model")
+    assert plan.vocab.setting == str(made / "model") and plan.vocab.source == made / "model" / "tokenizer.json"
 
 
 def test_a_modernbert_run_continued_as_bert_is_refused_for_its_family(made, tmp_path):

@@ -11,6 +11,7 @@ from fault_injection import sample_data
 
 from tpu_pretrain.data.data_folder import read_data_info
 from tpu_pretrain.data.dynamic_masking import DynamicMasking, dynamic_mask
+from tpu_pretrain.data.vocab import Vocab  # noqa: E402
 from tpu_pretrain.jax_backend.input import TrainingBatches
 
 B, T, P = 32, 64, 10
@@ -20,7 +21,7 @@ B, T, P = 32, 64, 10
 def data(tmp_path_factory):
     data_dir = sample_data(tmp_path_factory.mktemp("masking"), max_chars=30_000, num_shards=2, workers=1)
     info = read_data_info(data_dir)
-    return info.train_files, DynamicMasking.from_vocab_file(f"{data_dir}/vocab.txt")
+    return info.train_files, DynamicMasking.from_vocab(Vocab.read(f"{data_dir}/vocab.txt"))
 
 
 def batches(files, masking=None, start_record=0, count=3, seed=3):

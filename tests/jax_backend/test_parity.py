@@ -194,9 +194,10 @@ def test_dynamic_masks_are_drawn_alike_in_both_backends(data_dir):
     replacements in both (TensorFlow's stateless draws and the JAX input's NumPy ones)."""
     from tpu_pretrain.data.data_folder import read_data_info
     from tpu_pretrain.data.dynamic_masking import DynamicMasking, dynamic_mask
+    from tpu_pretrain.data.vocab import Vocab
     from tpu_pretrain.tf_backend.input import dynamic_mask as tf_dynamic_mask
 
-    spec = DynamicMasking.from_vocab_file(os.path.join(data_dir, "vocab.txt"))
+    spec = DynamicMasking.from_vocab(Vocab.read(os.path.join(data_dir, "vocab.txt")))
     batch = next(eval_batches(read_data_info(data_dir).train_files, 64, T, P, 1))
     original = restored(batch)
     candidates = (batch["input_mask"] > 0) & (original != spec.cls_id) & (original != spec.sep_id)

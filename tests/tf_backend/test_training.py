@@ -20,6 +20,7 @@ from pretraining_fixtures import synthetic_data_folder
 from tpu_pretrain.config import Config
 from tpu_pretrain.core.schedules import planned
 from tpu_pretrain.data.data_folder import read_data_info
+from tpu_pretrain.data.vocab import Vocab
 from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.tf_backend import accelerator as acc
 from tpu_pretrain.tf_backend import tpu
@@ -74,7 +75,7 @@ def test_dynamic_masking_draws_random_tokens_as_static_masking_does(data_dir, tm
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"[unused{i}]" for i in range(V // 2)]
     vocab += [f"tok{i}" for i in range(V - len(vocab))]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    spec = DynamicMasking.from_vocab_file(str(tmp_path / "vocab.txt"), masked_lm_prob=0.5)
+    spec = DynamicMasking.from_vocab(Vocab.read(str(tmp_path / "vocab.txt")), masked_lm_prob=0.5)
     info = read_data_info(data_dir)
     forbidden = set(range(5 + V // 2))
     replaced = 0
@@ -95,7 +96,7 @@ def test_dynamic_masking_remasks_real_tokens_only(data_dir):
     info = read_data_info(data_dir)
     batch = next(iter(make_dataset(info.train_files, batch_size=16, max_seq_length=T, max_predictions_per_seq=P,
                                    training=False)))
-    spec = DynamicMasking.from_vocab_file(os.path.join(data_dir, "vocab.txt"))
+    spec = DynamicMasking.from_vocab(Vocab.read(os.path.join(data_dir, "vocab.txt")))
     out = dynamic_mask(batch, tf.constant([1, 2], tf.int64), spec)
     ids, pos, labels, w = (out[k].numpy() for k in ("input_ids", "masked_lm_positions", "masked_lm_ids",
                                                     "masked_lm_weights"))

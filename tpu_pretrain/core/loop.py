@@ -224,7 +224,7 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, set_as
     restored = manager.restore_latest(set_aside_damaged)
     _follow_schedule(trainer, restored.metadata.get("lr_schedule") if restored else None)
     if trainer.is_chief:
-        run.write_run_files(plan.config, plan.model_config, plan.vocab_file)
+        run.write_run_files(plan.config, plan.model_config, plan.vocab)
         run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:

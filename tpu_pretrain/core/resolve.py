@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
 from ..config_checks import max_predictions
 from ..data.data_folder import DataInfo, check_token_ids, read_data_info
-from ..data.tokenizer_json import is_tokenizer_json
-from ..data.vocab import load_vocab, vocab_sha256
+from ..data.vocab import Vocab
 from ..data.vocab_tokenizer import SPECIAL_TOKENS
 from ..errors import UserInputError
 from ..models.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
@@ -37,7 +36,7 @@ class RunPlan:
 
     config: Config  # completed from the data (the caller's is unchanged)
     data: DataInfo
-    vocab_file: str  # the vocab it trains with (copied into the run folder)
+    vocab: Vocab | None  # the vocab it trains with (copied into the run folder); None: planned before it exists
     model_config: BertConfig | ModernBertConfig  # the model's shape, of the run's family
     warmup_was_auto: bool  # num_warmup_steps was -1: a resumed run keeps the warmup its checkpoint recorded
     planned_schedule: Schedule  # what the settings ask for from step 0
@@ -53,7 +52,7 @@ class RunPlan:
         config = resolve_config(config, data)
         check_data_fills_a_batch(config.train, data)
         schedule = planned(config.train)
-        return cls(config, data, run_vocab_file(config, data), run_model_config(config, data), warmup_was_auto,
+        return cls(config, data, run_vocab(config, data), run_model_config(config, data), warmup_was_auto,
                    schedule, schedule)
 
     @classmethod
@@ -65,7 +64,8 @@ class RunPlan:
         config = copy.deepcopy(config)
         d = config.data
         d.max_predictions_per_seq = max_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob)
-        vocab_size = len(load_vocab(d.vocab_file)) if d.vocab_file else None
+        vocab = Vocab.read(d.vocab_file) if d.vocab_file else None
+        vocab_size = len(vocab) if vocab else None
         if not (vocab_size or config.model.bert_config_file or config.model.init_checkpoint):
             vocab_size = config.vocab.vocab_size  # a vocab yet to be built, of the size `tpu-pretrain vocab` makes
         data = DataInfo("", [], [], d.max_seq_length, d.max_predictions_per_seq, vocab_size=vocab_size,
@@ -77,7 +77,7 @@ class RunPlan:
         else:
             model_config = run_model_config(config, data)
         schedule = planned(config.train)
-        return cls(config, data, d.vocab_file, model_config, warmup_was_auto, schedule, schedule)
+        return cls(config, data, vocab, model_config, warmup_was_auto, schedule, schedule)
 
     @property
     def family(self) -> ModelFamily:
@@ -101,7 +101,7 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
     """A copy of ``config`` completed from the data's shapes and NSP, and the warmup (the caller's is unchanged).
 
     ``vocab_file`` stays as the user set it: the run records no path of this machine's data folder, which a
-    resumed run on another machine would otherwise read (:func:`run_vocab_file` resolves the one to use).
+    resumed run on another machine would otherwise read (:func:`run_vocab` resolves the one to use).
     """
     resolved = copy.deepcopy(config)
     for key, value in (("max_seq_length", data.max_seq_length),
@@ -118,7 +118,7 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
              data.data_dir, key, value, config.get(key))
         resolved.set(key, value, source=f"{data.data_dir}'s manifest")
     if config.data.vocab_file:  # a vocab.txt, a tokenizer.json, or a model folder holding one (checked, named)
-        _check_same_vocab(config.data.vocab_file, data)
+        _check_same_vocab(Vocab.read(config.data.vocab_file), data)
     t = resolved.train
     if t.num_warmup_steps < 0:
         t.num_warmup_steps = auto_warmup_steps(t.num_train_steps)
@@ -147,22 +147,23 @@ def auto_warmup_steps(num_train_steps: int) -> int:
     return min(10_000, num_train_steps // 10)
 
 
-def run_vocab_file(config: Config, data: DataInfo) -> str:
-    """The vocab a run trains with: the configured file, else the data folder's own (empty when neither); refused
+def run_vocab(config: Config, data: DataInfo) -> Vocab | None:
+    """The vocab a run trains with: the configured file, else the data folder's own (None when neither); refused
     when the data folder lost the copy its manifest records."""
     if not config.data.vocab_file and data.lost_vocab:
         raise UserInputError(
             f"The data folder {data.data_dir} lost its {data.lost_vocab}: its manifest records that the data was "
             f"made with it (sha256 {data.vocab_sha256[:12]}...), and a run needs it to read the token ids. Copy it "
             "back there (the --vocab_file given to create-data), or set --vocab_file to it.")
-    return config.data.vocab_file or data.vocab_file or ""
+    vocab_file = config.data.vocab_file or data.vocab_file
+    return Vocab.read(vocab_file) if vocab_file else None
 
 
-def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
+def _check_same_vocab(vocab: Vocab, data: DataInfo) -> None:
     """Refuse a vocab other than the data's, compared token by token (same size, other order: other words)."""
-    tokens = load_vocab(vocab_file)
+    tokens = vocab.tokens
     if data.vocab_file:
-        theirs = load_vocab(data.vocab_file)
+        theirs = Vocab.read(data.vocab_file).tokens
         if tokens == theirs:
             return
         line = next((i for i, (a, b) in enumerate(zip(tokens, theirs, strict=False)) if a != b),
@@ -170,13 +171,13 @@ def _check_same_vocab(vocab_file: str, data: DataInfo) -> None:
         ours = tokens[line] if line < len(tokens) else "(end of file)"
         other = theirs[line] if line < len(theirs) else "(end of file)"
         detail = f"line {line + 1} is {ours!r} here and {other!r} in the data's {data.vocab_file}"
-    elif data.vocab_sha256 and vocab_sha256(vocab_file) != data.vocab_sha256:
+    elif data.vocab_sha256 and vocab.sha256 != data.vocab_sha256:
         detail = "its checksum differs from the one in the data's manifest"
     elif data.vocab_size and len(tokens) != data.vocab_size:
         detail = f"it has {len(tokens)} tokens, the data's vocab {data.vocab_size}"
     else:
         return
-    raise UserInputError(f"vocab_file {vocab_file} is not the vocab the data in {data.data_dir} was made with "
+    raise UserInputError(f"vocab_file {vocab.setting} is not the vocab the data in {data.data_dir} was made with "
                          f"({detail}): the token ids would mean other words. Leave vocab_file unset to use the "
                          "data's own vocab.")
 
@@ -194,13 +195,13 @@ def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
             f"model_family=modernbert trains the masked LM alone, but the data in {data.data_dir} was made with "
             "next-sentence pairs (no_nsp false: half the second segments are random text): make MLM-only data with "
             "`tpu-pretrain create-data --recipe modern` (packed sequences) or --no_nsp.")
-    m, vocab_file = config.model, run_vocab_file(config, data)
-    if not vocab_file:
+    m, vocab = config.model, run_vocab(config, data)
+    if not vocab:
         raise UserInputError("model_family=modernbert needs the vocab (its special tokens' ids): set vocab_file.")
-    tokens, padded = load_vocab(vocab_file), is_tokenizer_json(vocab_file)
+    tokens, padded = vocab.tokens, vocab.is_tokenizer_json
     ids = vocab_token_ids(tokens)
     if ids["pad_token_id"] != 0 and not padded:  # a tokenizer.json's data: padding is the rows' zero tail
-        raise UserInputError(f"{vocab_file} has [PAD] at id {ids['pad_token_id']}, but the data pads with id 0: "
+        raise UserInputError(f"{vocab.source} has [PAD] at id {ids['pad_token_id']}, but the data pads with id 0: "
                              "ModernBERT reads padding from the token ids, so [PAD] must be the vocab's first token.")
     model_config = resolve_modernbert_config(
         model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
@@ -222,15 +223,15 @@ def planned_modernbert_config(config: Config, vocab_size: int | None) -> ModernB
 
 def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
     """The model's shape for a resolved configuration, its vocab size checked against the data's token ids."""
-    m, vocab_file = config.model, run_vocab_file(config, data)
+    m, vocab = config.model, run_vocab(config, data)
     for setting in ("init_checkpoint", "bert_config_file"):
         if is_modernbert_folder(config.get(setting)):
             raise UserInputError(f"{setting} {config.get(setting)} describes a ModernBERT (model_type modernbert): "
                                  "train it with --model_family modernbert.")
-    if vocab_file and is_tokenizer_json(vocab_file):
-        raise UserInputError(f"vocab_file {vocab_file} is a tokenizer.json, which only --model_family modernbert "
+    if vocab and vocab.is_tokenizer_json:
+        raise UserInputError(f"vocab_file {vocab.setting} is a tokenizer.json, which only --model_family modernbert "
                              "trains with; BERT takes a WordPiece vocab.txt (make one with `tpu-pretrain vocab`).")
-    vocab_size = len(load_vocab(vocab_file)) if vocab_file else data.vocab_size
+    vocab_size = len(vocab) if vocab else data.vocab_size
     bert_config = resolve_bert_config(model_size=m.model_size, bert_config_file=m.bert_config_file,
                                       init_checkpoint=m.init_checkpoint, vocab_size=vocab_size,
                                       max_position_embeddings=m.max_position_embeddings,

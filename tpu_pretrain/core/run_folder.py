@@ -32,8 +32,7 @@ from .. import storage
 from ..config import RUN, Config, all_fields, pinned_settings
 from ..data.data_folder import data_vocab_file
 from ..data.tokenizer_json import TOKENIZER_JSON as TOKENIZER  # a run's vocab when its data used a tokenizer.json
-from ..data.tokenizer_json import is_tokenizer_json
-from ..data.vocab import load_vocab, vocab_copy_name, vocab_source
+from ..data.vocab import Vocab
 from ..errors import UserInputError
 from ..models.bert_config import BertConfig
 from ..models.families import BERT, FAMILIES, ModelFamily, family_named, family_of
@@ -188,14 +187,14 @@ class RunFolder:
         return family.config_class.from_json_file(self.shape_file(family))
 
     def write_run_files(self, config: Config, model_config: BertConfig | ModernBertConfig,
-                        vocab_file: str | None) -> None:
+                        vocab: Vocab | None) -> None:
         """The resolved configuration, the model's shape and the vocab: what the weights need to be used."""
         self.path.mkdir(parents=True, exist_ok=True)
         config.save(self.config_file)
         model_config.to_json_file(self.shape_file(family_of(model_config)))
-        copy = self.path / vocab_copy_name(vocab_file) if vocab_file else None
-        if vocab_file and vocab_source(vocab_file).resolve() != copy.resolve():
-            with open(vocab_source(vocab_file), "rb") as src, atomic_open(copy) as dst:
+        copy = self.path / vocab.copy_name if vocab else None
+        if vocab and vocab.source.resolve() != copy.resolve():
+            with open(vocab.source, "rb") as src, atomic_open(copy) as dst:
                 shutil.copyfileobj(src, dst)
 
     def write_summary(self, summary: dict) -> None:
@@ -293,7 +292,10 @@ def trained_vocab_file(run: RunFolder, config: Config) -> str:
     against the model's vocab_size, so that an export never pairs the model with another vocab."""
     candidates = [run.vocab_file]
     if config.data.vocab_file:
-        candidates.append(vocab_source(config.data.vocab_file))
+        try:
+            candidates.append(Vocab.read(config.data.vocab_file).source)
+        except UserInputError:  # gone or unreadable here: the run's or the data's copy then
+            pass
     if config.storage.data_dir:
         candidates.append(Path(data_vocab_file(config.storage.data_dir) or Path(config.storage.data_dir) / VOCAB))
     for path in candidates:
@@ -307,8 +309,9 @@ def trained_vocab_file(run: RunFolder, config: Config) -> str:
 def _check_vocab_fits_model(run: RunFolder, vocab_file: Path) -> None:
     if not run.model_config_file.is_file():
         return
-    tokens, model = len(load_vocab(vocab_file)), run.read_model_config().vocab_size
-    if tokens > model or (tokens != model and not is_tokenizer_json(vocab_file)):  # a tokenizer's model may pad
+    vocab = Vocab.read(vocab_file)
+    tokens, model = len(vocab), run.read_model_config().vocab_size
+    if tokens > model or (tokens != model and not vocab.is_tokenizer_json):  # a tokenizer's model may pad
         raise UserInputError(
             f"{vocab_file} has {tokens} tokens but the model of run {run.path} has vocab_size {model}: it is not the "
             "vocab the model was trained with, and the pair would give wrong words. Put that vocab back (the data "

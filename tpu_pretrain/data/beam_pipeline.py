@@ -29,7 +29,7 @@ from .corpus import CorpusReader
 from .create import DataPlan, Dealer, check_existing, check_required, finish, plan_data
 from .data_folder import IDENTITY, WORK_DIR, Manifest, ShardStats, shard_name, shard_stats_name
 from .shard import ShardTask, work_text, write_json, write_shard
-from .vocab import vocab_copy_name, vocab_source
+from .vocab import Vocab
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def run_beam(config: Config) -> Manifest:
     plan = plan_data(config)
     plan.out = out
     if not is_gcs_url(out):
-        check_existing(Path(out), plan.identity, config.data.vocab_file)
+        check_existing(Path(out), plan.identity, plan.vocab)
         Path(out).mkdir(parents=True, exist_ok=True)
         write_json(Path(out) / IDENTITY, plan.identity)
     beam = import_beam()
@@ -109,9 +109,8 @@ class WriteShard:
 
     def __init__(self, plan: DataPlan):
         self.out, self.settings = plan.out, plan.settings
-        vocab = plan.config.data.vocab_file
-        self.vocab_text = vocab_source(vocab).read_text(encoding="utf-8")  # workers lack the file
-        self.vocab_name = vocab_copy_name(vocab)
+        self.vocab_text = plan.vocab.source.read_text(encoding="utf-8")  # workers lack the file
+        self.vocab_name = plan.vocab.copy_name
 
     def __call__(self, element) -> dict:
         (split, index), grouped = element
@@ -121,7 +120,7 @@ class WriteShard:
             vocab = Path(scratch) / self.vocab_name
             vocab.write_text(self.vocab_text, encoding="utf-8")
             local = not is_gcs_url(self.out)
-            task = ShardTask(split, index, count, self.out if local else scratch, "", str(vocab), self.settings)
+            task = ShardTask(split, index, count, self.out if local else scratch, "", Vocab.read(vocab), self.settings)
             stats = write_shard(task, io.StringIO(text))
             if not local:
                 from .. import storage

@@ -54,8 +54,7 @@ from .data_folder import (
 )
 from .shard import ShardTask, read_json, shard_complete, work_text, worker_init, write_json, write_shard
 from .shard_pool import ShardPool, WorkerDied, how_it_ended
-from .tokenizer_json import is_tokenizer_json
-from .vocab import load_vocab, vocab_copy_name, vocab_sha256, vocab_source
+from .vocab import Vocab
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ class DataPlan:
     settings: dict
     inputs: list[dict]
     identity: dict
-    vocab_size: int
+    vocab: Vocab
 
 
 def check_required(config: Config) -> None:
@@ -88,8 +87,8 @@ def plan_data(config: Config) -> DataPlan:
     """Check the settings, open the corpus (URLs fetched) and fix the settings that pin the shards."""
     check_required(config)
     d, c = config.data, config.corpus
-    vocab = load_vocab(d.vocab_file)
-    if is_tokenizer_json(d.vocab_file):
+    vocab = Vocab.read(d.vocab_file)
+    if vocab.is_tokenizer_json:
         _check_trainable_with_a_tokenizer_json(config)
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     _check_not_the_corpus_folder(config.storage.output_dir, c.input, reader)
@@ -102,8 +101,8 @@ def plan_data(config: Config) -> DataPlan:
     settings["max_predictions_per_seq"] = max_predictions(d.max_seq_length, d.max_predictions_per_seq,
                                                           max(d.masked_lm_prob, d.eval_masked_lm_prob))
     settings["no_nsp"] = d.no_nsp or d.pack_sequences  # packed documents have no "next sentence"
-    identity = {"format": FORMAT, "settings": settings, "vocab_sha256": vocab_sha256(d.vocab_file), "inputs": inputs}
-    return DataPlan(config, config.storage.output_dir, reader, settings, inputs, identity, len(vocab))
+    identity = {"format": FORMAT, "settings": settings, "vocab_sha256": vocab.sha256, "inputs": inputs}
+    return DataPlan(config, config.storage.output_dir, reader, settings, inputs, identity, vocab)
 
 
 def _check_trainable_with_a_tokenizer_json(config: Config) -> None:
@@ -169,7 +168,7 @@ def _locked(out: Path) -> Iterator[None]:
 
 def _create(plan: DataPlan, out: Path) -> Manifest:
     start = time.time()
-    check_existing(out, plan.identity, plan.config.data.vocab_file)
+    check_existing(out, plan.identity, plan.vocab)
     work = out / WORK_DIR
     partition = read_json(work / "partition.json")
     with contextlib.ExitStack() as stack:
@@ -193,7 +192,7 @@ def shard_tasks(plan: DataPlan, partition: dict, out: str, work: str) -> list[Sh
         raise UserInputError(
             f"The corpus ({', '.join(plan.reader.files[:3])}) has no usable line: {partition['corpus_report']}."
         )
-    return [ShardTask(split, index, count, out, work, plan.config.data.vocab_file, plan.settings)
+    return [ShardTask(split, index, count, out, work, plan.vocab, plan.settings)
             for split, count in partition["shard_counts"].items() for index in range(count)]
 
 
@@ -201,8 +200,8 @@ def finish(plan: DataPlan, partition: dict, shards: list[ShardStats], seconds: f
     """Write the manifest (and the data folder's own vocab.txt or tokenizer.json) once every shard is written."""
     rows = partition.get("rows_read") or [None] * len(plan.inputs)
     inputs = [i if n is None else i | {"rows": n} for i, n in zip(plan.inputs, rows, strict=True)]  # rows used
-    vocab, name = vocab_source(plan.config.data.vocab_file), vocab_copy_name(plan.config.data.vocab_file)
-    manifest = Manifest(settings=plan.settings, vocab_size=plan.vocab_size, vocab_sha256=plan.identity["vocab_sha256"],
+    vocab, name = plan.vocab.source, plan.vocab.copy_name
+    manifest = Manifest(settings=plan.settings, vocab_size=len(plan.vocab), vocab_sha256=plan.vocab.sha256,
                         inputs=inputs, corpus_report=partition["corpus_report"], shards=shards, seconds=seconds,
                         vocab_name=name)
     text = json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
@@ -271,9 +270,9 @@ def auto_num_shards(corpus_bytes: int) -> int:
     return max(1, min(8, math.ceil(corpus_bytes / (256 << 10))), math.ceil(corpus_bytes / SHARD_TARGET_BYTES))
 
 
-def check_existing(out: Path, identity: dict, vocab_file: str = "") -> None:
+def check_existing(out: Path, identity: dict, vocab: Vocab | None = None) -> None:
     """Refuse an output folder holding shards made from other settings (naming the differences), or a vocab.txt
-    other than ``vocab_file``, which the finished data would replace."""
+    other than ``vocab``, which the finished data would replace."""
     previous = read_json(out / IDENTITY)
     if previous is None:
         manifest = read_json(out / MANIFEST)
@@ -291,11 +290,11 @@ def check_existing(out: Path, identity: dict, vocab_file: str = "") -> None:
             f"Output folder '{out}' holds shards made with other settings ({'; '.join(differences)}). "
             "Use a new --output_dir, or delete that folder to rebuild it; nothing there was changed."
         )
-    there = out / vocab_copy_name(vocab_file) if vocab_file else out / VOCAB
-    if vocab_file and there.is_file() and there.resolve() != vocab_source(vocab_file).resolve() \
-            and there.read_bytes() != vocab_source(vocab_file).read_bytes():
+    there = out / vocab.copy_name if vocab else out / VOCAB
+    if vocab and there.is_file() and there.resolve() != vocab.source.resolve() \
+            and there.read_bytes() != vocab.source.read_bytes():
         raise UserInputError(
-            f"{there} exists and is not the --vocab_file {vocab_file}: the data folder keeps the vocab its data is "
+            f"{there} exists and is not the --vocab_file {vocab.setting}: the data folder keeps the vocab its data is "
             f"made with, so it would be replaced. Make the data with it (--vocab_file {there}), or use another "
             "--output_dir; nothing there was changed.")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .vocab import load_vocab, replacement_ids
+from .vocab import Vocab, replacement_ids
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment
 _MASK64 = (1 << 64) - 1
@@ -38,8 +38,8 @@ class DynamicMasking:
     masked_lm_prob: float = 0.15
 
     @classmethod
-    def from_vocab_file(cls, path: str, masked_lm_prob: float = 0.15) -> DynamicMasking:
-        tokens = load_vocab(path)  # checks the special tokens
+    def from_vocab(cls, vocab: Vocab, masked_lm_prob: float = 0.15) -> DynamicMasking:
+        tokens = vocab.tokens
         index = {t: i for i, t in enumerate(tokens)}
         return cls(index["[MASK]"], index["[CLS]"], index["[SEP]"],
                    np.asarray(replacement_ids(tokens), dtype=np.int32), masked_lm_prob)

@@ -16,7 +16,7 @@ import numpy as np
 from ..storage.local import write_text_atomic
 from .data_folder import EVAL, MANIFEST, TRAIN, VOCAB, DataInfo, Manifest, ShardStats, read_data_info, shard_name
 from .tfrecord import AtomicRecordWriter
-from .vocab import SPECIAL_TOKENS, vocab_sha256
+from .vocab import SPECIAL_TOKENS, Vocab
 
 
 def random_batch(n: int, seq: int, pred: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -51,7 +51,7 @@ def write_random_data_folder(folder: str | os.PathLike, n: int, seq: int, pred: 
                                  real_tokens=count * (seq - 3), random_next=count // 2, bytes=writer.bytes,
                                  sha256=sha256))
     manifest = Manifest(settings={"max_seq_length": seq, "max_predictions_per_seq": pred, "no_nsp": False},
-                        vocab_size=vocab, vocab_sha256=vocab_sha256(folder / VOCAB), inputs=[],
+                        vocab_size=vocab, vocab_sha256=Vocab.read(folder / VOCAB).sha256, inputs=[],
                         corpus_report="random tokens", shards=shards)
     write_text_atomic(folder / MANIFEST, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
     return read_data_info(str(folder))

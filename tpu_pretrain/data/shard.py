@@ -19,6 +19,7 @@ from pathlib import Path
 from ..storage.local import write_text_atomic
 from .data_folder import ShardStats, sha256_file, shard_name, shard_stats_name
 from .tfrecord import AtomicRecordWriter
+from .vocab import Vocab
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class ShardTask:
     count: int
     out: str
     work: str
-    vocab_file: str
+    vocab: Vocab
     settings: dict
 
     @property
@@ -66,7 +67,7 @@ def write_shard(task: ShardTask, lines: Iterable[str] | None = None) -> ShardSta
     from .shard_writer import ShardWriter  # the compiled code: loaded where shards are written
     from .tokenization import load_tokenizer
 
-    tokenizer = load_tokenizer(task.vocab_file, do_lower_case=task.settings["do_lower_case"])
+    tokenizer = load_tokenizer(task.vocab, do_lower_case=task.settings["do_lower_case"])
     writer = ShardWriter(tokenizer, task.settings, task.split, task.index)
     stats = ShardStats(file=task.name, split=task.split)
     record_writer = AtomicRecordWriter(Path(task.out) / task.name)

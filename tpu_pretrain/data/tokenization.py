@@ -12,8 +12,8 @@ import functools
 
 import numpy as np
 
-from .tokenizer_json import TokenizerJson, is_tokenizer_json
-from .vocab import load_vocab, vocab_source
+from .tokenizer_json import TokenizerJson
+from .vocab import Vocab, load_vocab
 from .vocab_tokenizer import VocabTokenizer
 
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -64,9 +64,10 @@ class BertTokenizer(VocabTokenizer):
         return "".join(t[2:] if t.startswith("##") else t for t in tokens)
 
 
-def load_tokenizer(vocab_file: str, do_lower_case: bool = True) -> VocabTokenizer:
-    """The project's tokenizer for ``vocab_file``: a vocab.txt's ``tokenize``/``encode`` match Google's
-    FullTokenizer; a tokenizer.json (or a model folder holding one) is that file's own tokenizer."""
-    if is_tokenizer_json(vocab_file):
-        return TokenizerJson(vocab_file)
-    return BertTokenizer(str(vocab_source(vocab_file)), do_lower_case=do_lower_case)
+def load_tokenizer(vocab: Vocab | str, do_lower_case: bool = True) -> VocabTokenizer:
+    """The project's tokenizer for a vocab (or a ``vocab_file`` setting): a vocab.txt's ``tokenize``/``encode``
+    match Google's FullTokenizer; a tokenizer.json (or a model folder holding one) is that file's own tokenizer."""
+    vocab = vocab if isinstance(vocab, Vocab) else Vocab.read(vocab)
+    if vocab.is_tokenizer_json:
+        return TokenizerJson(vocab.source)
+    return BertTokenizer(str(vocab.source), do_lower_case=do_lower_case)

@@ -14,16 +14,49 @@ import hashlib
 import io
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserInputError
 from ..storage.local import write_text_atomic
+from .data_folder import VOCAB
 from .tokenizer_json import TOKENIZER_JSON, is_tokenizer_json, tokenizer_json_file
 from .vocab_tokenizer import SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class Vocab:
+    """A ``vocab_file`` setting resolved once: which kind of vocab it is, the file itself, its tokens (checked),
+    its checksum and the name data and run folders keep their copy under. The data plan, its shard tasks and the
+    run plan carry it, so no later step asks again what the setting names (its tokenizer:
+    :func:`.tokenization.load_tokenizer`)."""
+
+    setting: str  # as given: a vocab.txt, a tokenizer.json, or a model folder holding one
+    source: Path  # the file itself
+    is_tokenizer_json: bool  # a Hugging Face tokenizer.json (ModernBERT's byte-level BPE), else a WordPiece vocab.txt
+    sha256: str
+    tokens: list[str] = field(repr=False, compare=False)
+
+    @classmethod
+    def read(cls, vocab_file: str | os.PathLike) -> Vocab:
+        tokens = load_vocab(vocab_file)
+        source = _vocab_source(vocab_file)
+        return cls(str(vocab_file), source, is_tokenizer_json(vocab_file),
+                   hashlib.sha256(source.read_bytes()).hexdigest(), tokens)
+
+    @property
+    def kind(self) -> str:
+        return TOKENIZER_JSON if self.is_tokenizer_json else "WordPiece vocab.txt"
+
+    @property
+    def copy_name(self) -> str:
+        """The name a data or run folder keeps its copy under: ``vocab.txt`` or ``tokenizer.json``."""
+        return TOKENIZER_JSON if self.is_tokenizer_json else VOCAB
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
 def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
@@ -33,7 +66,7 @@ def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
         from .tokenizer_json import tokenizer_tokens
 
         return tokenizer_tokens(vocab_file)
-    path = vocab_source(vocab_file)
+    path = _vocab_source(vocab_file)
     if Path(vocab_file).is_dir() and not path.is_file():
         raise UserInputError(f"Folder '{vocab_file}' holds no vocab.txt or {TOKENIZER_JSON} (check --vocab_file): "
                              "give the vocab file, or the folder of a model that has one.")
@@ -80,21 +113,12 @@ def replacement_ids(tokens: list[str]) -> list[int]:
     return [i for i, t in enumerate(tokens) if t not in special and not t.startswith("[unused") and i not in added]
 
 
-def vocab_sha256(vocab_file: str | os.PathLike) -> str:
-    return hashlib.sha256(vocab_source(vocab_file).read_bytes()).hexdigest()
-
-
-def vocab_source(vocab_file: str | os.PathLike) -> Path:
+def _vocab_source(vocab_file: str | os.PathLike) -> Path:
     """The file a vocab_file setting names: itself, or a model folder's tokenizer.json (else its vocab.txt)."""
     if is_tokenizer_json(vocab_file):
         return tokenizer_json_file(vocab_file)
     path = Path(vocab_file)
-    return path / "vocab.txt" if path.is_dir() else path
-
-
-def vocab_copy_name(vocab_file: str | os.PathLike) -> str:
-    """The name a data or run folder keeps its copy of the vocab under: ``vocab.txt`` or ``tokenizer.json``."""
-    return TOKENIZER_JSON if is_tokenizer_json(vocab_file) else "vocab.txt"
+    return path / VOCAB if path.is_dir() else path
 
 
 @dataclass

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..data.tokenization import load_tokenizer
-from ..data.vocab import vocab_source
+from ..data.vocab import Vocab
 from ..errors import UserInputError
 from ..storage.local import new_temp_folder
 
@@ -51,7 +51,7 @@ def write_tokenizer_json_files(folder: Path, tokenizer_file: str, model_max_leng
     file's own post-processor adds [CLS] and [SEP]; one is added where the file has none."""
     from tokenizers import Tokenizer
 
-    source = vocab_source(tokenizer_file)
+    source = Vocab.read(tokenizer_file).source
     spec = json.loads(source.read_text(encoding="utf-8"))
     if spec.get("post_processor"):
         shutil.copyfile(source, folder / "tokenizer.json")

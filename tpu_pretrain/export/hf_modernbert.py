@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.tokenizer_json import is_tokenizer_json
+from ..data.vocab import Vocab
 from ..errors import UserInputError
 from ..models.modernbert_config import ModernBertConfig
 from ..models.weight_names import read_modernbert_folder, read_weight_files, write_safetensors
@@ -68,7 +68,7 @@ def write_modernbert_folder(model_or_weights, config: ModernBertConfig, folder: 
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
         for path in sources:
             shutil.copyfile(path, tmp / path.name)
-        if vocab_file and is_tokenizer_json(vocab_file):
+        if vocab_file and Vocab.read(vocab_file).is_tokenizer_json:
             write_tokenizer_json_files(tmp, vocab_file, config.max_position_embeddings)
         elif vocab_file:
             write_tokenizer_files(tmp, vocab_file, do_lower_case, config.max_position_embeddings,

@@ -79,7 +79,7 @@ class JaxTrainer:
     def __init__(self, config: Config, devices: Devices | None = None, plan: RunPlan | None = None):
         self.plan = plan or RunPlan.resolve(config)
         self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
-        self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
+        self.vocab, self.with_nsp = self.plan.vocab, self.plan.with_nsp
         t = self.config.train
         self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
         self.eval_batch_size = self.plan.batch_geometry(self.devices.num_replicas)
@@ -149,9 +149,9 @@ class JaxTrainer:
     def _masking(self) -> DynamicMasking | None:
         if not self.config.train.dynamic_masking:
             return None
-        if not self.vocab_file:
+        if not self.vocab:
             raise UserInputError("dynamic_masking needs the vocab: set vocab_file.")
-        return DynamicMasking.from_vocab_file(self.vocab_file, self.config.data.masked_lm_prob)
+        return DynamicMasking.from_vocab(self.vocab, self.config.data.masked_lm_prob)
 
     def _prefetcher(self) -> BatchPrefetcher:
         """The prefetcher over ``train_batches`` (made again when they were replaced, as tests do)."""

@@ -46,7 +46,7 @@ class Trainer:
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
         self.plan = RunPlan.resolve(config)
         self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
-        self.vocab_file, self.with_nsp = self.plan.vocab_file, self.plan.with_nsp
+        self.vocab, self.with_nsp = self.plan.vocab, self.plan.with_nsp
         t = self.config.train
         self.accelerator = accelerator or detect_accelerator(
             t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name,
@@ -62,9 +62,9 @@ class Trainer:
     def _dynamic_masking(self) -> DynamicMasking | None:
         if not self.config.train.dynamic_masking:
             return None
-        if not self.vocab_file:
+        if not self.vocab:
             raise UserInputError("dynamic_masking needs the vocab: set vocab_file.")
-        return DynamicMasking.from_vocab_file(self.vocab_file, self.config.data.masked_lm_prob)
+        return DynamicMasking.from_vocab(self.vocab, self.config.data.masked_lm_prob)
 
     def _build(self) -> None:
         t, d = self.config.train, self.config.data
