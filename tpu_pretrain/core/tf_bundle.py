@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 
 from ..data.wire import FIXED32, FIXED64, masked_crc, proto_fields, read_varint, signed, unmask
@@ -198,10 +197,10 @@ def _read_one(handle, bundle: _Bundle, entry: _Entry) -> np.ndarray:
     handle.seek(entry.offset)
     if handle.readinto(memoryview(raw)) != entry.size:
         raise UserInputError(f"{path} is truncated: {entry.name} could not be read in full: copy it again.")
-    crc = google_crc32c.value(raw)  # the array itself: no copy
-    if crc != unmask(entry.crc):
-        raise UserInputError(f"{entry.name} in {path} fails its checksum (crc32c {crc:08x}, the index records "
-                             f"{unmask(entry.crc):08x}): the file is damaged: copy the checkpoint again.")
+    masked = masked_crc(raw)  # of the array itself: no copy
+    if masked != entry.crc:
+        raise UserInputError(f"{entry.name} in {path} fails its checksum (crc32c {unmask(masked):08x}, the index "
+                             f"records {unmask(entry.crc):08x}): the file is damaged: copy the checkpoint again.")
     array = raw.view(stored.newbyteorder(">") if bundle.big_endian else stored).reshape(entry.shape)
     if bundle.big_endian:
         array = array.astype(stored.newbyteorder("="))
