@@ -14,11 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 import pytest
 
 from tpu_pretrain.core import tf_bundle
+from tpu_pretrain.data.wire import FIXED32, VARINT, length_delimited, masked_crc, tag, varint
 from tpu_pretrain.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,24 +267,11 @@ def test_a_file_that_is_not_an_index(tmp_path):
 
 
 # A bundle written by hand: the format exactly as tensor_bundle.cc and table_builder.cc lay it out.
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
+# The varints, fields and masked CRC are data/wire.py's, which tests/data/test_wire.py checks against protobuf and TF.
 def field(number: int, value: int | bytes) -> bytes:
     if isinstance(value, bytes):
-        return varint(number << 3 | 2) + varint(len(value)) + value
-    return varint(number << 3) + varint(value)
-
-
-def masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+        return length_delimited(number, value)
+    return tag(number, VARINT) + varint(value)
 
 
 def block(items: list[tuple[bytes, bytes]], compression: int = 0) -> bytes:
@@ -312,7 +299,7 @@ def write_bundle(prefix: Path, tensors: dict[str, tuple[int, np.ndarray]], big_e
         raw = array.astype(array.dtype.newbyteorder(">" if big_endian else "<")).tobytes()
         shape = b"".join(field(2, field(1, d)) for d in array.shape)
         entry = (field(1, code) + field(2, shape) + field(4, len(data)) + field(5, len(raw))
-                 + varint(6 << 3 | 5) + struct.pack("<I", masked_crc(raw)))
+                 + tag(6, FIXED32) + struct.pack("<I", masked_crc(raw)))
         items.append((name.encode(), entry))
         data += raw
     header = field(1, 1) + field(2, int(big_endian)) + field(3, field(1, 1))

@@ -2,7 +2,7 @@
 
 An event file is a TFRecord file of ``Event`` protos: the first says the file version, each later one
 holds a step's scalars as ``Summary.Value.simple_value``, which TensorBoard and :mod:`..export.plots`
-read. The few protobuf fields are encoded here by hand (wire format as in :mod:`..data.tfrecord`).
+read. The few protobuf fields are encoded with :mod:`..data.wire`.
 """
 
 from __future__ import annotations
@@ -13,35 +13,21 @@ import struct
 import time
 from pathlib import Path
 
-from ..data.tfrecord import frame_record
+from ..data.wire import FIXED32, FIXED64, VARINT, frame_record, length_delimited, tag, varint
 from .run_folder import RunFolder
 
 SPLITS = ("train", "eval")
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _length_delimited(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
 def encode_event(wall_time: float, step: int, scalars: dict | None = None, file_version: str | None = None) -> bytes:
     """An ``Event``: wall_time (1, double), step (2), file_version (3) or summary (5) of simple values."""
-    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+    out = tag(1, FIXED64) + struct.pack("<d", wall_time) + tag(2, VARINT) + varint(step)
     if file_version is not None:
-        out += _length_delimited(3, file_version.encode())
+        out += length_delimited(3, file_version.encode())
     if scalars:
-        values = b"".join(_length_delimited(1, _length_delimited(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
-                          for tag, value in scalars.items())
-        out += _length_delimited(5, values)
+        values = b"".join(length_delimited(1, length_delimited(1, name.encode()) + tag(2, FIXED32)
+                                           + struct.pack("<f", value)) for name, value in scalars.items())
+        out += length_delimited(5, values)  # Summary.value: tag (1), simple_value (2, float)
     return out
 
 

@@ -12,32 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import wire
 from .compiled import njit
 
-_CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
-
-
-def _crc32c_tables() -> np.ndarray:
-    """Tables for CRC32C eight bytes at a step ("slicing by 8"): row k maps a byte to its CRC k bytes later."""
-    tables = np.zeros((8, 256), dtype=np.int64)
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ _CRC32C_POLY if crc & 1 else crc >> 1
-        tables[0, byte] = crc
-    for k in range(1, 8):
-        for byte in range(256):
-            previous = int(tables[k - 1, byte])
-            tables[k, byte] = (previous >> 8) ^ int(tables[0, previous & 0xFF])
-    return tables
-
-
-_TABLES = _crc32c_tables()
+# Why these are written again here rather than taken from :mod:`.wire`: numba compiles only numba code, and
+# calling back into Python (``google_crc32c``, ``wire.varint``) once per record would cost what compiling saves.
+# So the CRC loop, the varint writer and its size are compiled here; the CRC's tables and mask constant are
+# :mod:`.wire`'s (tested equal to ``google_crc32c`` in tests/data/test_wire.py).
+_TABLES = wire.crc32c_tables()  # globals: numba freezes them into the compiled code
+_MASK_DELTA = wire.MASK_DELTA
 
 
 @njit()
 def _masked_crc32c(buf, start, end):
-    """TFRecord's masked CRC32C of ``buf[start:end]``."""
+    """TFRecord's masked CRC32C of ``buf[start:end]`` (:func:`.wire.masked_crc`, compiled)."""
     crc = 0xFFFFFFFF
     i = start
     while i + 8 <= end:
@@ -50,7 +38,7 @@ def _masked_crc32c(buf, start, end):
         crc = _TABLES[0, (crc ^ buf[i]) & 0xFF] ^ (crc >> 8)
         i += 1
     crc ^= 0xFFFFFFFF
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 @njit(inline="always")

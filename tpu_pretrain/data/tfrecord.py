@@ -3,83 +3,39 @@
 Building ``tf.train.Example`` protos one by one in Python runs at about 10,000/s and protobuf's map
 order varies between processes. Here whole batches are encoded at once (:mod:`.example_encoder`), with
 the feature map in sorted key order (what ``SerializeToString(deterministic=True)`` gives), and framed
-as TFRecords (length, masked CRC32C, data, masked CRC32C); records are read back and checked with
-NumPy and Python. Which features a record holds is the data folder's business (:mod:`.data_folder`).
+as TFRecords (length, masked CRC32C, data, masked CRC32C: :mod:`.wire`'s pieces); records are read back and
+checked with NumPy and Python. Which features a record holds is the data folder's business (:mod:`.data_folder`).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """``(value, position after it)``; an ``IndexError`` when ``data`` ends inside it."""
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def proto_fields(data: bytes):
-    """(field number, wire type, value) of a protobuf message: varints as ints, length-delimited and fixed-width
-    fields as bytes; a ``ValueError`` (or ``IndexError`` inside a varint) when the message is cut short."""
-    pos = 0
-    while pos < len(data):
-        key, pos = read_varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = read_varint(data, pos)
-        elif wire == 2:
-            length, pos = read_varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        if pos > len(data):
-            raise ValueError(f"protobuf field {number} runs past the end of its message")
-        yield number, wire, value
+from . import wire
 
 
 def _values(feature: bytes) -> np.ndarray:
     """The values of a ``Feature`` (Int64List as int64, FloatList as float32; packed or not)."""
-    for kind, _, payload in proto_fields(feature):
+    for kind, _, payload in wire.proto_fields(feature):
         if kind == 1:
             raise ValueError("BytesList features are not part of this format")
         values: list = []
-        for _, wire, item in proto_fields(payload):
+        for _, wire_type, item in wire.proto_fields(payload):
             if kind == 2:  # FloatList
                 values.extend(np.frombuffer(item, "<f4").tolist())
-            elif wire == 2:  # packed Int64List
+            elif wire_type == wire.LENGTH_DELIMITED:  # packed Int64List
                 pos = 0
                 while pos < len(item):
-                    number, pos = read_varint(item, pos)
-                    values.append(number - (1 << 64) if number >= 1 << 63 else number)
+                    number, pos = wire.read_varint(item, pos)
+                    values.append(wire.signed(number))
             else:
-                values.append(item - (1 << 64) if item >= 1 << 63 else item)
+                values.append(wire.signed(item))
         return np.asarray(values, dtype=np.float32 if kind == 2 else np.int64)
     return np.zeros(0, dtype=np.int64)
 
@@ -87,26 +43,11 @@ def _values(feature: bytes) -> np.ndarray:
 def decode_example(record: bytes) -> dict[str, np.ndarray]:
     """One serialised ``tf.train.Example`` as ``{feature name: values}`` (for readers without TensorFlow)."""
     out = {}
-    for _, _, features in proto_fields(record):  # Example.features
-        for _, _, entry in proto_fields(features):  # Features.feature map entries
-            parts = {number: value for number, _, value in proto_fields(entry)}
+    for _, _, features in wire.proto_fields(record):  # Example.features
+        for _, _, entry in wire.proto_fields(features):  # Features.feature map entries
+            parts = {number: value for number, _, value in wire.proto_fields(entry)}
             out[parts[1].decode()] = _values(parts.get(2, b""))
     return out
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-@functools.lru_cache(maxsize=4096)
-def _frame_head(length: int) -> bytes:
-    header = struct.pack("<Q", length)
-    return header + struct.pack("<I", _masked_crc(header))
-
-
-def frame_record(data: bytes) -> bytes:
-    return _frame_head(len(data)) + data + struct.pack("<I", _masked_crc(data))
 
 
 class AtomicRecordWriter:
@@ -156,17 +97,18 @@ def read_records(path: str | os.PathLike) -> Iterable[bytes]:
     """The records of a TFRecord file, each CRC checked (for verification without TensorFlow)."""
     with open(path, "rb") as handle:
         while True:
-            header = handle.read(12)
+            header = handle.read(wire.HEADER_SIZE)
             if not header:
                 return
-            if len(header) < 12:
+            if len(header) < wire.HEADER_SIZE:
                 raise CorruptRecord(f"{path}: truncated record header")
             (length,) = struct.unpack("<Q", header[:8])
-            if struct.unpack("<I", header[8:])[0] != _masked_crc(header[:8]):
+            if struct.unpack("<I", header[8:])[0] != wire.masked_crc(header[:8]):
                 raise CorruptRecord(f"{path}: record header CRC mismatch")
             data = handle.read(length)
-            footer = handle.read(4)
-            if len(data) < length or len(footer) < 4 or struct.unpack("<I", footer)[0] != _masked_crc(data):
+            footer = handle.read(wire.FOOTER_SIZE)
+            whole = len(data) == length and len(footer) == wire.FOOTER_SIZE
+            if not whole or struct.unpack("<I", footer)[0] != wire.masked_crc(data):
                 raise CorruptRecord(f"{path}: truncated or corrupt record")
             yield data
 
@@ -188,11 +130,11 @@ class RecordFile:
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         offsets, pos = [], 0
         while pos < size:
-            if pos + 12 > size:
+            if pos + wire.HEADER_SIZE > size:
                 raise CorruptRecord(f"{self.path}: truncated record header at byte {pos}")
             (length,) = struct.unpack_from("<Q", self._map, pos)
-            offsets.append(pos + 12)
-            pos += 12 + length + 4
+            offsets.append(pos + wire.HEADER_SIZE)
+            pos += wire.HEADER_SIZE + length + wire.FOOTER_SIZE
         if pos != size:
             raise CorruptRecord(f"{self.path}: the last record is truncated")
         self.offsets = np.asarray(offsets, dtype=np.int64)
@@ -202,9 +144,9 @@ class RecordFile:
 
     def read(self, index: int) -> bytes:
         start = int(self.offsets[index])
-        (length,) = struct.unpack_from("<Q", self._map, start - 12)
+        (length,) = struct.unpack_from("<Q", self._map, start - wire.HEADER_SIZE)
         data = self._map[start:start + length]
-        if struct.unpack_from("<I", self._map, start + length)[0] != _masked_crc(data):
+        if struct.unpack_from("<I", self._map, start + length)[0] != wire.masked_crc(data):
             raise CorruptRecord(f"{self.path}: record {index} is corrupt (CRC mismatch)")
         return data
 
@@ -218,24 +160,24 @@ def _locate_features(record: bytes) -> dict[bytes, tuple[int, int, int]] | None:
     out, pos = {}, 0
     if not record or record[0] != 0x0A:
         return None
-    length, pos = read_varint(record, 1)
+    length, pos = wire.read_varint(record, 1)
     end = pos + length
     while pos < end:
         if record[pos] != 0x0A:
             return None
-        entry_length, pos = read_varint(record, pos + 1)
+        entry_length, pos = wire.read_varint(record, pos + 1)
         entry_end = pos + entry_length
         if record[pos] != 0x0A:
             return None
-        key_length, pos = read_varint(record, pos + 1)
+        key_length, pos = wire.read_varint(record, pos + 1)
         key, pos = record[pos:pos + key_length], pos + key_length
         if pos >= entry_end or record[pos] != 0x12:
             return None
-        _, pos = read_varint(record, pos + 1)  # the Feature's length
+        _, pos = wire.read_varint(record, pos + 1)  # the Feature's length
         tag = record[pos]
-        _, pos = read_varint(record, pos + 1)  # the value list's length
+        _, pos = wire.read_varint(record, pos + 1)  # the value list's length
         if pos < entry_end and record[pos] == 0x0A:  # packed values
-            payload_length, pos = read_varint(record, pos + 1)
+            payload_length, pos = wire.read_varint(record, pos + 1)
             out[key] = (tag, pos, pos + payload_length)
         elif pos == entry_end:  # an empty list
             out[key] = (tag, pos, pos)
@@ -243,16 +185,6 @@ def _locate_features(record: bytes) -> dict[bytes, tuple[int, int, int]] | None:
             return None
         pos = entry_end
     return out
-
-
-def _decode_varints(blob: bytes) -> np.ndarray:
-    """Every varint in ``blob``, decoded at once (int64, two's complement as protobuf's int64)."""
-    data = np.frombuffer(blob, dtype=np.uint8)
-    ends = np.flatnonzero(data < 0x80)
-    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
-    within = np.arange(len(data), dtype=np.int64) - np.repeat(starts, ends - starts + 1)
-    parts = (data & 0x7F).astype(np.uint64) << (within.astype(np.uint64) * np.uint64(7))
-    return np.add.reduceat(parts, starts).view(np.int64) if len(data) else np.zeros(0, np.int64)
 
 
 def decode_examples(records: list[bytes], shapes: dict[str, tuple[str, int]]) -> dict[str, np.ndarray]:
@@ -271,7 +203,7 @@ def decode_examples(records: list[bytes], shapes: dict[str, tuple[str, int]]) ->
                 if name not in example:
                     raise ValueError(f"record {index} has no feature {name!r}")
                 values = np.asarray(example[name], dtype="<f4" if dtype == "float32" else np.int64)
-                pieces[name].append(values.tobytes() if dtype == "float32" else _varint_bytes(values))
+                pieces[name].append(values.tobytes() if dtype == "float32" else wire.varints(values))
             continue
         for name in shapes:
             _, start, end = found[keys[name]]
@@ -279,13 +211,10 @@ def decode_examples(records: list[bytes], shapes: dict[str, tuple[str, int]]) ->
     out = {}
     for name, (dtype, length) in shapes.items():
         blob = b"".join(pieces[name])
-        values = np.frombuffer(blob, dtype="<f4") if dtype == "float32" else _decode_varints(blob)
+        values = np.frombuffer(blob, dtype="<f4") if dtype == "float32" else wire.decode_varints(blob)
         if values.size != length * len(records):
             raise ValueError(f"feature {name!r}: {values.size} values in {len(records)} records, expected "
                              f"{length} each (are the records of this max_seq_length/max_predictions_per_seq?)")
         out[name] = values.reshape(len(records), length)
     return out
 
-
-def _varint_bytes(values: np.ndarray) -> bytes:
-    return b"".join(_varint(int(v) & ((1 << 64) - 1)) for v in values)

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.run_folder import RunFolder
-from ..data.tfrecord import proto_fields, read_records
+from ..data.tfrecord import read_records
+from ..data.wire import proto_fields
 from ..errors import UserInputError
 
 # Panels: title and the scalar tags drawn in it (each for train and eval where present).

@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 
-from ..data.tfrecord import proto_fields, read_varint
+from ..data.wire import FIXED32, FIXED64, masked_crc, proto_fields, read_varint, signed, unmask
 from ..errors import UserInputError
 
 _FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic number
 _TABLE_MAGIC = 0xDB4775248B80FB57
-_MASK_DELTA = 0xA282EAD8
 _BFLOAT16 = 14
 # TensorFlow's DataType enum (types.proto) -> the NumPy dtype of the stored bytes (little-endian).
 _DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 8: "<c8", 9: "<i8", 10: "?",
@@ -34,11 +32,11 @@ _DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 8: "<c8", 9
 _UNREADABLE = {7: "string", 11: "qint8", 12: "quint8", 13: "qint32", 15: "qint16", 16: "quint16",
                20: "resource", 21: "variant"}
 _SKIPPED = (7, 21)  # string and variant tensors are metadata (e.g. _CHECKPOINTABLE_OBJECT_GRAPH), not weights
-_CRC_CHUNK = 8 << 20  # google_crc32c takes bytes only: checksum big tensors 8 MB at a time
 
 
-class _Corrupt(Exception):
-    """A structural fault in an index; the caller adds the file's name."""
+class _Corrupt(ValueError):
+    """A structural fault in an index; the caller adds the file's name. A ``ValueError``, as :mod:`..data.wire`'s
+    readers raise for a varint or a field cut short, so that one ``except`` takes both."""
 
 
 @dataclass(frozen=True)
@@ -199,24 +197,16 @@ def _read_one(handle, bundle: _Bundle, entry: _Entry) -> np.ndarray:
     handle.seek(entry.offset)
     if handle.readinto(memoryview(raw)) != entry.size:
         raise UserInputError(f"{path} is truncated: {entry.name} could not be read in full: copy it again.")
-    crc = 0
-    for start in range(0, entry.size, _CRC_CHUNK):
-        crc = google_crc32c.extend(crc, raw[start : start + _CRC_CHUNK].tobytes())
-    if crc != _unmask(entry.crc):
-        raise UserInputError(f"{entry.name} in {path} fails its checksum (crc32c {crc:08x}, the index records "
-                             f"{_unmask(entry.crc):08x}): the file is damaged: copy the checkpoint again.")
+    masked = masked_crc(raw)  # of the array itself: no copy
+    if masked != entry.crc:
+        raise UserInputError(f"{entry.name} in {path} fails its checksum (crc32c {unmask(masked):08x}, the index "
+                             f"records {unmask(entry.crc):08x}): the file is damaged: copy the checkpoint again.")
     array = raw.view(stored.newbyteorder(">") if bundle.big_endian else stored).reshape(entry.shape)
     if bundle.big_endian:
         array = array.astype(stored.newbyteorder("="))
     if entry.dtype == _BFLOAT16:
         array = (array.astype(np.uint32) << 16).view(np.float32)
     return array
-
-
-def _unmask(masked: int) -> int:
-    """Undo TF's crc32c mask (rotate right 15, add a constant) so stored checksums compare with computed ones."""
-    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
-    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
 
 
 def _load(prefix: str | os.PathLike) -> _Bundle:
@@ -231,7 +221,7 @@ def _load(prefix: str | os.PathLike) -> _Bundle:
         num_shards, big_endian, entries = _parse_index(data)
     except OSError as error:
         raise UserInputError(f"{index} cannot be read: {error}") from None
-    except (_Corrupt, TypeError) as error:  # TypeError: a field of the wrong wire type
+    except (ValueError, TypeError) as error:  # _Corrupt or a field cut short; TypeError: a field of the wrong wire type
         raise UserInputError(f"{index} is not a TensorFlow checkpoint index, or is damaged ({error}): copy the "
                              "checkpoint's .index file again.") from None
     return _Bundle(resolved, num_shards, big_endian, entries)
@@ -266,12 +256,12 @@ def _table_items(data: bytes):
     footer = data[-_FOOTER_SIZE:]
     if struct.unpack_from("<Q", footer, 40)[0] != _TABLE_MAGIC:
         raise _Corrupt("no table footer at its end: the file is truncated, or another kind of file")
-    _, pos = _varint(footer, _varint(footer, 0)[1])  # skip the metaindex handle: TF writes no filters
-    index_offset, pos = _varint(footer, pos)
-    index_size, _ = _varint(footer, pos)
+    _, pos = read_varint(footer, read_varint(footer, 0)[1])  # skip the metaindex handle: TF writes no filters
+    index_offset, pos = read_varint(footer, pos)
+    index_size, _ = read_varint(footer, pos)
     for _, handle in _block_items(_block(data, index_offset, index_size)):
-        offset, pos = _varint(handle, 0)
-        yield from _block_items(_block(data, offset, _varint(handle, pos)[0]))
+        offset, pos = read_varint(handle, 0)
+        yield from _block_items(_block(data, offset, read_varint(handle, pos)[0]))
 
 
 def _block(data: bytes, offset: int, size: int) -> bytes:
@@ -280,7 +270,7 @@ def _block(data: bytes, offset: int, size: int) -> bytes:
     if end + 5 > len(data) - _FOOTER_SIZE:
         raise _Corrupt(f"block at {offset} runs past the end: the file is truncated")
     (stored,) = struct.unpack_from("<I", data, end + 1)
-    if google_crc32c.value(data[offset : end + 1]) != _unmask(stored):
+    if masked_crc(data[offset : end + 1]) != stored:
         raise _Corrupt(f"block at {offset} fails its checksum")
     if data[end] != 0:
         raise _Corrupt(f"block at {offset} is compressed (type {data[end]}); TensorFlow writes indexes uncompressed")
@@ -297,9 +287,9 @@ def _block_items(block: bytes):
         raise _Corrupt("block restart array larger than the block")
     pos, key = 0, b""
     while pos < limit:
-        shared, pos = _varint(block, pos)
-        unshared, pos = _varint(block, pos)
-        length, pos = _varint(block, pos)
+        shared, pos = read_varint(block, pos)
+        unshared, pos = read_varint(block, pos)
+        length, pos = read_varint(block, pos)
         if shared > len(key) or pos + unshared + length > limit:
             raise _Corrupt("block entry out of bounds")
         key = key[:shared] + block[pos : pos + unshared]
@@ -308,25 +298,10 @@ def _block_items(block: bytes):
         pos += length
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    try:
-        return read_varint(buf, pos)
-    except IndexError:
-        raise _Corrupt("bad varint") from None
-
-
 def _fields(buf: bytes):
     """A protobuf message's (field number, value): an int for varint/fixed fields, bytes for length-delimited."""
-    try:
-        for number, wire, value in proto_fields(buf):
-            yield number, int.from_bytes(value, "little") if wire in (1, 5) else value
-    except (ValueError, IndexError) as exc:
-        raise _Corrupt(str(exc) or "truncated protobuf message") from None
-
-
-def _signed(value: int) -> int:
-    """A varint decoded as int64 (negative numbers are ten-byte two's complement)."""
-    return value - (1 << 64) if value >= 1 << 63 else value
+    for number, wire, value in proto_fields(buf):
+        yield number, int.from_bytes(value, "little") if wire in (FIXED64, FIXED32) else value
 
 
 def _parse_header(buf: bytes) -> tuple[int, bool]:
@@ -354,11 +329,11 @@ def _parse_entry(name: str, buf: bytes) -> _Entry:
                 if dim_field == 3 and dim:
                     raise _Corrupt(f"{name} has an unknown rank")
                 if dim_field == 2:
-                    shape.append(_signed(next((v for n, v in _fields(dim) if n == 1), 0)))
+                    shape.append(signed(next((v for n, v in _fields(dim) if n == 1), 0)))
         elif number == 7:
             slices += 1
         elif number in values:
             values[number] = value
     if any(d < 0 for d in shape) or any(isinstance(v, bytes) for v in values.values()):
         raise _Corrupt(f"{name} has a malformed entry")
-    return _Entry(name, values[1], tuple(shape), values[3], _signed(values[4]), _signed(values[5]), values[6], slices)
+    return _Entry(name, values[1], tuple(shape), values[3], signed(values[4]), signed(values[5]), values[6], slices)
