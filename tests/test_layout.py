@@ -15,7 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tpu_pretrain"
 # Lowest first: a module may import from its own layer (without cycles) or a lower one.
 LAYERS = (
-    ("errors", "formatting", "runtime", "release", "pinned_sets", "child_process", "environment", "folder_lock"),
+    ("errors", "formatting", "runtime", "release", "pinned_sets", "child_process", "environment", "folder_lock",
+     "wire_format"),
     ("storage",),
     ("models",),
     ("settings", "config", "config_checks", "backend"),

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpu_pretrain.core import tf_bundle
-from tpu_pretrain.data.wire import FIXED32, VARINT, length_delimited, masked_crc, tag, varint
 from tpu_pretrain.errors import UserInputError
+from tpu_pretrain.models import tf_bundle
+from tpu_pretrain.wire_format import FIXED32, VARINT, length_delimited, masked_crc, tag, varint
 
 ROOT = Path(__file__).resolve().parents[2]
 EMBEDDINGS = "bert/embeddings/word_embeddings"

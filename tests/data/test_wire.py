@@ -8,8 +8,9 @@ import google_crc32c
 import numpy as np
 import pytest
 
+from tpu_pretrain import wire_format as wire
 from tpu_pretrain.core.event_log import EventFile, encode_event
-from tpu_pretrain.data import example_encoder, wire
+from tpu_pretrain.data import example_encoder
 
 INT64S = [0, 1, 127, 128, 300, 16383, 16384, 2**31, 2**35 + 7, 2**63 - 1, -1, -2, -(2**63)]
 

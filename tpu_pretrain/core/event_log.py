@@ -2,7 +2,7 @@
 
 An event file is a TFRecord file of ``Event`` protos: the first says the file version, each later one
 holds a step's scalars as ``Summary.Value.simple_value``, which TensorBoard and :mod:`..export.plots`
-read. The few protobuf fields are encoded with :mod:`..data.wire`.
+read. The few protobuf fields are encoded with :mod:`..wire_format`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import struct
 import time
 from pathlib import Path
 
-from ..data.wire import FIXED32, FIXED64, VARINT, frame_record, length_delimited, tag, varint
+from ..wire_format import FIXED32, FIXED64, VARINT, frame_record, length_delimited, tag, varint
 from .run_folder import RunFolder
 
 SPLITS = ("train", "eval")

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import wire
+from .. import wire_format as wire
 from .compiled import njit
 
-# Why these are written again here rather than taken from :mod:`.wire`: numba compiles only numba code, and
+# Why these are written again here rather than taken from :mod:`..wire_format`: numba compiles only numba code, and
 # calling back into Python (``google_crc32c``, ``wire.varint``) once per record would cost what compiling saves.
 # So the CRC loop, the varint writer and its size are compiled here; the CRC's tables and mask constant are
-# :mod:`.wire`'s (tested equal to ``google_crc32c`` in tests/data/test_wire.py).
+# :mod:`..wire_format`'s (tested equal to ``google_crc32c`` in tests/data/test_wire.py).
 _TABLES = wire.crc32c_tables()  # globals: numba freezes them into the compiled code
 _MASK_DELTA = wire.MASK_DELTA
 
 
 @njit()
 def _masked_crc32c(buf, start, end):
-    """TFRecord's masked CRC32C of ``buf[start:end]`` (:func:`.wire.masked_crc`, compiled)."""
+    """TFRecord's masked CRC32C of ``buf[start:end]`` (:func:`..wire_format.masked_crc`, compiled)."""
     crc = 0xFFFFFFFF
     i = start
     while i + 8 <= end:

@@ -3,7 +3,7 @@
 Building ``tf.train.Example`` protos one by one in Python runs at about 10,000/s and protobuf's map
 order varies between processes. Here whole batches are encoded at once (:mod:`.example_encoder`), with
 the feature map in sorted key order (what ``SerializeToString(deterministic=True)`` gives), and framed
-as TFRecords (length, masked CRC32C, data, masked CRC32C: :mod:`.wire`'s pieces); records are read back and
+as TFRecords (length, masked CRC32C, data, masked CRC32C: :mod:`..wire_format`'s pieces); records are read back and
 checked with NumPy and Python. Which features a record holds is the data folder's business (:mod:`.data_folder`).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import wire
+from .. import wire_format as wire
 
 
 def _values(feature: bytes) -> np.ndarray:

@@ -14,8 +14,8 @@ import numpy as np
 
 from ..core.run_folder import RunFolder
 from ..data.tfrecord import read_records
-from ..data.wire import proto_fields
 from ..errors import UserInputError
+from ..wire_format import proto_fields
 
 # Panels: title and the scalar tags drawn in it (each for train and eval where present).
 PANELS = (("Loss", ("loss", "mlm_loss", "nsp_loss")),

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.wire import FIXED32, FIXED64, masked_crc, proto_fields, read_varint, signed, unmask
 from ..errors import UserInputError
+from ..wire_format import FIXED32, FIXED64, masked_crc, proto_fields, read_varint, signed, unmask
 
 _FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic number
 _TABLE_MAGIC = 0xDB4775248B80FB57
@@ -35,7 +35,7 @@ _SKIPPED = (7, 21)  # string and variant tensors are metadata (e.g. _CHECKPOINTA
 
 
 class _Corrupt(ValueError):
-    """A structural fault in an index; the caller adds the file's name. A ``ValueError``, as :mod:`..data.wire`'s
+    """A structural fault in an index; the caller adds the file's name. A ``ValueError``, as :mod:`..wire_format`'s
     readers raise for a varint or a field cut short, so that one ``except`` takes both."""
 
 

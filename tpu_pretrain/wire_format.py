@@ -1,9 +1,9 @@
 """The protobuf and TFRecord wire formats, in one place: varints, fields, record framing, TensorFlow's masked CRC32C.
 
 Three formats are written or read here without TensorFlow or the protobuf package: the data's TFRecords of
-``tf.train.Example`` (:mod:`.tfrecord`), TensorBoard's event files (:mod:`..core.event_log`) and TensorFlow
-checkpoint indexes (:mod:`..core.tf_bundle`). They share these pieces. The CRC is ``google_crc32c``'s; the
-compiled encoder (:mod:`.example_encoder`) cannot call it from numba, so it takes its tables from
+``tf.train.Example`` (:mod:`.data.tfrecord`), TensorBoard's event files (:mod:`.core.event_log`) and TensorFlow
+checkpoint indexes (:mod:`.models.tf_bundle`). They share these pieces. The CRC is ``google_crc32c``'s; the
+compiled encoder (:mod:`.data.example_encoder`) cannot call it from numba, so it takes its tables from
 :func:`crc32c_tables`, which are read off ``google_crc32c`` too.
 """
 
