@@ -252,14 +252,18 @@ def document_separator(plan) -> int | None:
     config.train.document_masks = "on" if wanted else "off"
     if not wanted:
         return None
-    sep = getattr(plan.model_config, "sep_token_id", None)
+    return separator_id(plan.model_config, plan.vocab_file)
+
+
+def separator_id(model_config, vocab_file: str) -> int:
+    """The [SEP] id: ModernBERT's config says it; BERT's is the vocab's ``[SEP]``."""
+    sep = getattr(model_config, "sep_token_id", None)
     if sep is None:
         from ..data.vocab import load_vocab
 
-        tokens = load_vocab(plan.vocab_file)
-        index = {token: i for i, token in enumerate(tokens)}
-        if "[SEP]" not in index:
-            raise UserInputError(f"document_masks on: the vocab {plan.vocab_file} has no [SEP] to end documents by; "
+        tokens = load_vocab(vocab_file)
+        if "[SEP]" not in tokens:
+            raise UserInputError(f"document_masks on: the vocab {vocab_file} has no [SEP] to end documents by; "
                                  "set --document_masks off.")
-        sep = index["[SEP]"]
+        sep = tokens.index("[SEP]")
     return int(sep)
