@@ -179,6 +179,10 @@ class TrainConfig:
                             steps=(TRAIN,))
     dynamic_masking: bool = _f(False, "Re-mask on the fly each time a sequence is read (RoBERTa-style).",
                                steps=(TRAIN,), pins=(RUN,))
+    document_masks: str = _f("auto", "Keep the documents of packed rows apart: attention within a document only, "
+                             "positions from 0 in each (JAX backend). auto: on for modernbert and the modern recipe, "
+                             "off for NSP data and for runs started before the setting.",
+                             choices=("auto", "on", "off"), steps=(TRAIN,))
     shuffle_buffer_size: int = _f(10_000, "Records in the shuffle buffer of the training input.",
                                   steps=(TRAIN,), pins=(RUN,))
     train_seed: int = _f(0, "Seed for weight initialisation, data order, dropout and dynamic masks.",

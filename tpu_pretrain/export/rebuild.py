@@ -228,6 +228,10 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
         model = build_inference(inference_backend(weights, recorded_backend(source), backend), model_config,
                                 max_seq_length or config.data.max_seq_length,
                                 max_predictions_per_seq or config.data.max_predictions_per_seq, not config.data.no_nsp)
+        if config.train.document_masks == "on" and hasattr(getattr(model, "model", None), "document_separator"):
+            from ..jax_backend.input import separator_id  # the run kept documents apart: so does its model here
+
+            model.model.document_separator = separator_id(model_config, trained_vocab_file(run, config))
         weights, untrained = restore_weights(model, weights)
         lower = config.data.do_lower_case if do_lower_case is None else do_lower_case
         return TrainedModel(model, trained_vocab_file(run, config), lower, weights, step, source, config, untrained)

@@ -26,7 +26,9 @@ from ..core.example_ids import example_id
 from ..data.data_folder import corrupt_shard_error, feature_shapes
 from ..data.dynamic_masking import DynamicMasking, dynamic_mask
 from ..data.tfrecord import CorruptRecord, RecordFile, decode_examples
+from ..data.vocab import Vocab
 from ..errors import UserInputError
+from ..models.families import MODERNBERT, family_named
 
 # What a training step takes: the model's inputs and what the losses compare them with.
 BATCH_FEATURES = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
@@ -182,3 +184,88 @@ def eval_batches(files: list[str], batch_size: int, max_seq_length: int, max_pre
     for b in itertools.islice(range(count), max_batches or None):
         shard, record = records.locate(np.arange(b * batch_size, (b + 1) * batch_size, dtype=np.int64))
         yield to_model_dtypes(decoded(records, shard, record, shapes))
+
+
+# -- documents in packed rows -------------------------------------------------------------------------------------
+# A packed row is ``[CLS] doc1 [SEP] doc2 [SEP] ... [SEP] [PAD]...`` (:class:`..data.instances.SequencePacker`): the
+# [SEP] that ends each document is all the shards say about documents, and [SEP] is never masked nor drawn as a
+# random replacement, so the ids after masking still show them. Old data folders need no new feature.
+
+
+def document_ids(input_ids, attend, separator: int | None):
+    """``[batch, length]`` int32: the document of each token (1, 2, ...; a document owns the [SEP] that ends it,
+    the first owns [CLS]), 0 at padding (``attend`` False), a segment of its own. ``separator`` None: one document
+    per row (the attention of a run without document masks)."""
+    import jax.numpy as jnp
+
+    attend = jnp.asarray(attend)
+    if separator is None:
+        return attend.astype(jnp.int32)
+    ends = (jnp.asarray(input_ids) == separator).astype(jnp.int32)
+    before = jnp.cumsum(ends, axis=1) - ends  # the [SEP]s strictly before each position
+    return jnp.where(attend, before + 1, 0).astype(jnp.int32)
+
+
+def document_positions(documents):
+    """``[batch, length]`` int32: each token's position within its document (0 at a document's first token), so
+    a document packed second gets the positions it would get alone."""
+    import jax
+    import jax.numpy as jnp
+
+    positions = jnp.arange(documents.shape[1], dtype=jnp.int32)[None, :]
+    starts = jnp.concatenate([jnp.ones_like(documents[:, :1], bool), documents[:, 1:] != documents[:, :-1]], axis=1)
+    first = jax.lax.cummax(jnp.where(starts, positions, 0), axis=1)
+    return positions - first
+
+
+def document_masks_wanted(config, recorded: dict | None) -> bool:
+    """Whether a run keeps the documents of its packed rows apart (``document_masks``): ``on``/``off`` as said;
+    ``auto``: off for a run already started without the setting (``recorded``: its config.json, for continuity),
+    off for sentence-pair (NSP) data, else on for ModernBERT and for the modern recipe."""
+    setting = config.train.document_masks
+    if setting != "auto":
+        return setting == "on"
+    if recorded is not None and "document_masks" not in recorded.get("train", {}):
+        return False
+    if not config.data.no_nsp:
+        return False
+    return family_named(config.model.model_family) is MODERNBERT or config.data.recipe == "modern"
+
+
+def document_separator(plan) -> int | None:
+    """The [SEP] id that ends documents when the run keeps them apart, else None; records the choice as ``on`` or
+    ``off`` in ``plan.config`` (the run's config.json gets it). NSP data with ``document_masks on`` is refused."""
+    import json
+
+    from ..core.run_folder import RunFolder
+
+    config = plan.config
+    recorded, output_dir = None, config.storage.output_dir
+    path = RunFolder(output_dir).config_file if output_dir and "://" not in output_dir else None
+    if path and path.is_file():
+        try:
+            with open(path) as file:
+                recorded = json.load(file)
+        except (OSError, ValueError):
+            recorded = None
+    wanted = document_masks_wanted(config, recorded)
+    if wanted and not config.data.no_nsp:
+        raise UserInputError("document_masks on needs packed data without next-sentence pairs (create-data --recipe "
+                             "modern): in NSP pairs the [SEP] separates two halves that must see each other. Set "
+                             "--document_masks off.")
+    config.train.document_masks = "on" if wanted else "off"
+    if not wanted:
+        return None
+    return separator_id(plan.model_config, plan.vocab)
+
+
+def separator_id(model_config, vocab: Vocab | str) -> int:
+    """The [SEP] id: ModernBERT's config says it; BERT's is the vocab's ``[SEP]``."""
+    sep = getattr(model_config, "sep_token_id", None)
+    if sep is None:
+        vocab = vocab if isinstance(vocab, Vocab) else Vocab.read(vocab)
+        if "[SEP]" not in vocab.tokens:
+            raise UserInputError(f"document_masks on: the vocab {vocab.setting} has no [SEP] to end documents by; "
+                                 "set --document_masks off.")
+        sep = vocab.tokens.index("[SEP]")
+    return int(sep)

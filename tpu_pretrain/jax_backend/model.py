@@ -11,11 +11,18 @@ Attention goes through ``jax.nn.dot_product_attention`` (:data:`ATTENTION_PATHS`
 bfloat16 or float16, XLA's fused attention elsewhere (TPUs, CPUs, float32), the logits and softmax in float32 either
 way. That function has no dropout on the attention probabilities, so a training call with
 ``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
-with no attention dropout (the modern recipe) training and inference both take the fused path.
+with no attention dropout (the modern recipe) training and inference both take the fused path. On a TPU (or
+compiled for one) ``auto`` takes JAX's splash attention kernel (:mod:`.splash`) at lengths that are multiples of 128.
+
+Documents: a model given ``document_separator`` (the [SEP] id; :func:`.input.document_separator`) keeps the
+documents of a packed row apart: a token attends only to its own document (the kernel's segment ids on the splash
+path, a block-diagonal boolean mask elsewhere) and its position restarts at 0 in each document, so each document
+gets the logits it gets alone. Without it (and with one document per row) the model is Google's BERT.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
@@ -32,12 +39,16 @@ from ..environment import environment_override  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
+from . import splash  # noqa: E402
+from .input import document_ids, document_positions  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 # How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
 # inputs, head size a multiple of 8), else XLA's; xla: jax.nn.dot_product_attention's XLA implementation; cudnn:
-# cuDNN's kernel or an error; explicit: matmul, softmax, dropout, matmul as Google's BERT writes it.
-ATTENTION_PATHS = ("auto", "xla", "cudnn", "explicit")
+# cuDNN's kernel or an error; explicit: matmul, softmax, dropout, matmul as Google's BERT writes it; splash: the TPU
+# kernel (Pallas's interpreter off a TPU: tests). auto takes splash where it applies (:func:`.splash.applies`).
+ATTENTION_PATHS = ("auto", "xla", "cudnn", "explicit", "splash")
+log = logging.getLogger(__name__)
 
 
 def keep_tensorflow_out() -> None:
@@ -110,6 +121,44 @@ def cudnn_applies(dtype, head_size: int) -> bool:
 
 
 _CUDNN_REFUSED: set[str] = set()
+_SAID: set[str] = set()
+
+
+def say_path(what: str) -> None:
+    """Log once per process which attention path a model's layers take (traced once per compile)."""
+    if what not in _SAID:
+        _SAID.add(what)
+        log.info("Attention: %s.", what)
+
+
+def attention_mask(attend, documents=None, window: int | None = None):
+    """``[batch, 1, queries or 1, keys]`` (bool): keys that are not padding, of the query's document (``documents``
+    from :func:`.input.document_ids`, None: any) and at most ``window`` positions away (None: any)."""
+    mask = attend[:, None, None, :]
+    if documents is not None:
+        mask = mask & (documents[:, :, None] == documents[:, None, :])[:, None]
+    if window is not None:
+        positions = jnp.arange(attend.shape[1])
+        mask = mask & (jnp.abs(positions[:, None] - positions[None, :]) <= window)[None, None]
+    return mask
+
+
+def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None):
+    """Attention under padding, documents and a window: the splash kernel where ``path`` takes it (segment ids:
+    ``documents``, else padding against the rest), else XLA's fused attention under :func:`attention_mask`;
+    padding alone goes to :func:`fused_attention` (cuDNN's kernel where it applies)."""
+    if path == "splash" or (path == "auto" and splash.applies(q.shape[1], mesh)):
+        say_path(f"splash kernel ({'sliding window, ' if window else ''}"
+                 f"{'documents apart' if documents is not None else 'documents together'})")
+        segments = document_ids(None, attend, None) if documents is None else documents
+        return splash.attention(q, k, v, segments, window, mesh)
+    if documents is None and window is None:
+        return fused_attention(q, k, v, attend, path)
+    mask = attention_mask(attend, documents, window)
+    if q.dtype == jnp.float16 and jax.default_backend() != "gpu":  # as in fused_attention
+        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
+                                            implementation="xla").astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
 
 
 def fused_attention(q, k, v, attend, path: str = "auto"):
@@ -141,12 +190,14 @@ def fused_attention(q, k, v, attend, path: str = "auto"):
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
 
 
-def explicit_attention(q, k, v, attend, dropout=None, training=False):
+def explicit_attention(q, k, v, mask, dropout=None, training=False):
     """The same attention written out (Google BERT's order): scores in the inputs' dtype, softmax in float32 with
-    :data:`MASK_BIAS` added at padding, ``dropout`` (a Keras layer) on the probabilities, then the weighted sum."""
+    :data:`MASK_BIAS` added where ``mask`` (:func:`attention_mask`) is False, ``dropout`` (a Keras layer) on the
+    probabilities, then the weighted sum. A ``[batch, length]`` mask is padding alone."""
+    mask = mask[:, None, None, :] if mask.ndim == 2 else mask
     q, k, v = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
     scores = jnp.matmul(q, jnp.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
-    bias = jnp.where(attend, 0.0, MASK_BIAS).astype(jnp.float32)[:, None, None, :]
+    bias = jnp.where(mask, 0.0, MASK_BIAS).astype(jnp.float32)
     probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1).astype(q.dtype)
     if dropout is not None:
         probs = dropout(probs, training=training)
@@ -183,17 +234,18 @@ class TransformerBlock(keras.layers.Layer):
         """Whether this call takes the explicit path: asked for, or attention dropout in training."""
         return self.attention == "explicit" or bool(training and self.attention_dropout.rate > 0)
 
-    def context(self, x, attend, training=False):
+    def context(self, x, attend, documents=None, training=False, mesh=None):
         """The attention context ``[batch, length, hidden]`` before the output projection."""
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         if self.explicit(training):
-            context = explicit_attention(q, k, v, attend, self.attention_dropout, training)
+            say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
+            context = explicit_attention(q, k, v, attention_mask(attend, documents), self.attention_dropout, training)
         else:
-            context = fused_attention(q, k, v, attend, self.attention)
+            context = masked_attention(q, k, v, attend, documents, None, self.attention, mesh)
         return ops.reshape(context, x.shape)
 
-    def call(self, x, attend, training=False):
-        context = self.context(x, attend, training)
+    def call(self, x, attend, documents=None, training=False, mesh=None):
+        context = self.context(x, attend, documents, training, mesh)
         x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training))
         ffn = self.output_dense(self.intermediate(x))
         return self.output_norm(x + self.ffn_dropout(ffn, training=training))
@@ -214,7 +266,12 @@ class PretrainingBert(keras.Model):
 
     Padding is read from ``input_ids == 0`` ([PAD] is id 0 in every BERT vocab), as in the TensorFlow model.
     ``attention``: one of :data:`ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
+    ``document_separator``: the [SEP] id when documents are kept apart (set by the trainer); ``data_mesh``: the
+    devices the examples are split over (the splash kernel runs per chip).
     """
+
+    document_separator: int | None = None
+    data_mesh = None
 
     def __init__(self, config: BertConfig, with_nsp: bool = True, dtype=None, attention: str | None = None,
                  **kwargs):
@@ -239,12 +296,17 @@ class PretrainingBert(keras.Model):
     def encode(self, input_ids, segment_ids, training=False):
         """The last hidden states ``[batch, length, hidden]``."""
         length = input_ids.shape[1]
-        x = self.token_embedding(input_ids) + self.segment_embedding(segment_ids)
-        x = x + self.position_embedding(ops.arange(length))[None]
-        x = self.embedding_dropout(self.embedding_norm(x), training=training)
         attend = input_ids != 0
+        documents = None if self.document_separator is None else document_ids(input_ids, attend,
+                                                                               self.document_separator)
+        x = self.token_embedding(input_ids) + self.segment_embedding(segment_ids)
+        if documents is None:
+            x = x + self.position_embedding(ops.arange(length))[None]
+        else:
+            x = x + self.position_embedding(document_positions(documents))
+        x = self.embedding_dropout(self.embedding_norm(x), training=training)
         for block in self.blocks:
-            x = block(x, attend, training=training)
+            x = block(x, attend, documents, training=training, mesh=self.data_mesh)
         return x
 
     def call(self, inputs, training=False):

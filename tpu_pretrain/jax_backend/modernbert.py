@@ -9,10 +9,12 @@ others attend to keys at most ``local_attention // 2`` positions away on either 
 <= local_attention // 2``) with base ``local_rope_theta``. Padding is read from ``input_ids == pad_token_id``, and,
 where [PAD] is not id 0 (a tokenizer.json's vocab), from the zero ids after a row's last other id, as the data pads.
 
-Attention goes through ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers by
-:func:`.model.fused_attention` (cuDNN's fused kernel where it applies, XLA's otherwise), local layers by XLA's
-with a boolean mask of padding and window (cuDNN has no two-sided window); a training call with attention dropout,
-or the ``explicit`` path, writes it out. Weights move by transformers' state-dict names (:func:`hf_variables`).
+Attention goes through :func:`.model.masked_attention`: on a TPU the splash kernel (``LocalMask`` for the local
+layers), else ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers cuDNN's fused kernel
+where it applies, XLA's otherwise; local layers XLA's with a boolean mask of padding and window (cuDNN has no
+two-sided window); a training call with attention dropout, or the ``explicit`` path, writes it out. With
+``document_separator`` set, documents are kept apart (:mod:`.model`) and each document's rotary positions start at 0,
+as in ModernBERT's own unpadded training. Weights move by transformers' state-dict names (:func:`hf_variables`).
 
 Initialisation follows transformers' ``_init_weights``: truncated normals cut at 2 standard deviations (its
 default ``initializer_cutoff_factor``; Keras's ``TruncatedNormal`` always cuts there), standard deviation
@@ -37,7 +39,8 @@ from keras import ops  # noqa: E402
 
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
-from .model import Bias, activation, attention_path, fused_attention  # noqa: E402
+from .input import document_ids, document_positions  # noqa: E402
+from .model import Bias, activation, attention_mask, attention_path, masked_attention, say_path  # noqa: E402
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"  # tied: the embeddings themselves, never a variable of its own
@@ -73,11 +76,14 @@ def rotary_tables(length: int, head_size: int, theta: float) -> tuple[np.ndarray
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate ``[batch, length, heads, head_size]`` by position (the halves' convention), in float32."""
+    """Rotate ``[batch, length, heads, head_size]`` by position (the halves' convention), in float32; ``cos`` and
+    ``sin`` are ``[length, head_size]`` (positions 0..length-1) or ``[batch, length, head_size]`` (per token)."""
     dtype, x = x.dtype, x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos[None, :, None, :] + rotated * sin[None, :, None, :]).astype(dtype)
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]
+    return (x * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(dtype)
 
 
 def before_zero_tail(input_ids):
@@ -86,17 +92,6 @@ def before_zero_tail(input_ids):
     positions = jnp.arange(input_ids.shape[1])
     last = jnp.max(jnp.where(input_ids != 0, positions[None, :], -1), axis=1)
     return positions[None, :] <= last[:, None]
-
-
-def attention_mask(attend, window: int | None):
-    """``[batch, 1, queries, keys]`` (bool): keys that are not padding and, with a window, at most ``window``
-    positions from the query."""
-    mask = attend[:, None, None, :]
-    if window is None:
-        return mask
-    positions = jnp.arange(attend.shape[1])
-    band = jnp.abs(positions[:, None] - positions[None, :]) <= window
-    return mask & band[None, None]
 
 
 def explicit_masked_attention(q, k, v, mask, dropout=None, training=False):
@@ -108,15 +103,6 @@ def explicit_masked_attention(q, k, v, mask, dropout=None, training=False):
     if dropout is not None:
         probs = dropout(probs, training=training)
     return jnp.transpose(jnp.matmul(probs, v), (0, 2, 1, 3))
-
-
-def windowed_attention(q, k, v, mask):
-    """XLA's fused attention under a full ``[batch, 1, queries, keys]`` mask (float16 computed in float32 off a
-    GPU, where XLA refuses its mixed float16 dots, as :func:`.model.fused_attention` does)."""
-    if q.dtype == jnp.float16 and jax.default_backend() != "gpu":
-        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
-                                            implementation="xla").astype(q.dtype)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
 
 
 class ModernBertLayer(keras.layers.Layer):
@@ -139,24 +125,24 @@ class ModernBertLayer(keras.layers.Layer):
         self.attn_dropout = make.dropout(config.attention_dropout)
         self.mlp_dropout = make.dropout(config.mlp_dropout)
 
-    def context(self, x, attend, rope, training=False):
+    def context(self, x, attend, documents, rope, training=False, mesh=None):
         """The attention context ``[batch, length, hidden]`` before ``Wo``."""
         batch, length, width = x.shape
         qkv = ops.reshape(self.wqkv(x), (batch, length, 3, self.heads, width // self.heads))
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0):
-            context = explicit_masked_attention(q, k, v, attention_mask(attend, self.window), self.probs_dropout,
-                                                training)
-        elif self.is_global:
-            context = fused_attention(q, k, v, attend, self.attention)
+            say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
+            context = explicit_masked_attention(q, k, v, attention_mask(attend, documents, self.window),
+                                                self.probs_dropout, training)
         else:
-            context = windowed_attention(q, k, v, attention_mask(attend, self.window))
+            context = masked_attention(q, k, v, attend, documents, self.window, self.attention, mesh)
         return ops.reshape(context, x.shape)
 
-    def call(self, x, attend, cos, sin, training=False):
+    def call(self, x, attend, documents, cos, sin, training=False, mesh=None):
         normed = self.attn_norm(x) if self.attn_norm is not None else x
-        x = x + self.attn_dropout(self.attn_out(self.context(normed, attend, (cos, sin), training)), training=training)
+        context = self.context(normed, attend, documents, (cos, sin), training, mesh)
+        x = x + self.attn_dropout(self.attn_out(context), training=training)
         gate_input, gate = ops.split(self.wi(self.mlp_norm(x)), 2, axis=-1)
         return x + self.mlp_out(self.mlp_dropout(self.gelu(gate_input) * gate, training=training))
 
@@ -165,8 +151,12 @@ class PretrainingModernBert(keras.Model):
     """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits]`` (float32 ``[batch, predictions,
     vocab]``): :class:`.model.PretrainingBert`'s contract. ``segment_ids`` are accepted and ignored (ModernBERT
     has no token types); the head runs at the masked positions only. ``attention``: one of
-    :data:`.model.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
+    :data:`.model.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``); ``document_separator``
+    and ``data_mesh`` as in :class:`.model.PretrainingBert`.
     """
+
+    document_separator: int | None = None
+    data_mesh = None
 
     def __init__(self, config: ModernBertConfig, dtype=None, attention: str | None = None, **kwargs):
         super().__init__(name="modernbert", dtype=dtype, **kwargs)
@@ -198,9 +188,15 @@ class PretrainingModernBert(keras.Model):
             attend = attend & before_zero_tail(input_ids)
         tables = {theta: rotary_tables(length, config.head_size, theta)
                   for theta in (config.global_rope_theta, config.local_rope_theta)}
+        documents = None
+        if self.document_separator is not None:
+            documents = document_ids(input_ids, attend, self.document_separator)
+            positions = document_positions(documents)
+            tables = {theta: (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions])
+                      for theta, (cos, sin) in tables.items()}
         for block in self.blocks:
             cos, sin = tables[config.global_rope_theta if block.is_global else config.local_rope_theta]
-            x = block(x, attend, cos, sin, training=training)
+            x = block(x, attend, documents, cos, sin, training=training, mesh=self.data_mesh)
         return self.final_norm(x)
 
     def call(self, inputs, training=False):

@@ -35,7 +35,7 @@ from ..errors import UserInputError  # noqa: E402
 from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .families import jax_family  # noqa: E402
-from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, eval_batches  # noqa: E402
+from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .stats import pretraining_stats  # noqa: E402
@@ -86,8 +86,7 @@ class JaxTrainer:
         self.steps_per_execution = t.steps_per_execution or self.devices.default_steps_per_execution()
         self.settings = opt.OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
-        self.train_batches = None
-        self.init_report = None
+        self.train_batches = self.init_report = None
         self._build()
 
     # -- setup ------------------------------------------------------------------------------------
@@ -97,6 +96,7 @@ class JaxTrainer:
         self.family = jax_family(self.model_config)  # BERT or ModernBERT: its model, weight names and layout
         self.model = self.family.build(self.model_config, d.max_seq_length, d.max_predictions_per_seq, self.with_nsp,
                                        dtype=self.devices.dtype_policy)
+        self.model.document_separator, self.model.data_mesh = document_separator(self.plan), self.devices.mesh
         by_id = {id(v): name for name, v in self.family.variables(self.model).items()}
         self.names = [by_id[id(v)] for v in self.model.trainable_variables]
         self.keras_names = process_independent([v.path for v in self.model.non_trainable_variables])

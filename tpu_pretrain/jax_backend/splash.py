@@ -1,0 +1,101 @@
+"""Attention on a TPU by the splash attention kernel that ships inside JAX (``jax.experimental.pallas.ops.tpu.
+splash_attention``): a maintained Pallas kernel that never materialises the score matrix, so ModernBERT's lengths
+(1,024, 8,192) fit on a chip where XLA's attention holds every ``[heads, length, length]`` matrix.
+
+One kernel per (length, heads, window, block sizes) is built, as the API wants, from a :class:`MultiHeadMask` of the
+same static mask for every head: ``FullMask`` for global attention, ``LocalMask`` with ``(window, window)`` for
+ModernBERT's sliding window (transformers' rule ``|q - k| <= local_attention // 2``). Documents and padding come in
+as the kernel's :class:`SegmentIds` (a token attends only to tokens of its own segment; padding is a segment of its
+own), so the kernel computes what :func:`.model.fused_attention`'s XLA path computes with the same document mask at
+every real token (padding's own outputs differ and are never read). The kernel has no scale: queries are scaled by
+``1 / sqrt(head_size)`` first, in float32. It runs per example (``vmap``), and over a mesh of several chips inside
+``shard_map`` (the examples split over the chips), so every chip runs the kernel on its own examples.
+
+Block sizes: the largest of 512, 256, 128 that divides the length (the kernel needs multiples of 128); a length
+that is not a multiple of 128 cannot take the kernel (:func:`applies`). Off a TPU, ``interpret=True`` runs the same
+kernel in Pallas's interpreter (slow; tests only). Tolerances against the XLA path with the same masks, measured by
+``tests/jax_backend/test_splash_attention.py``: float32 forward 2e-5 and gradients 1e-4 (max absolute difference
+over unit-scale inputs); bfloat16 forward 2e-2 and gradients 6e-2 (the kernel rounds the probabilities to bfloat16
+before the weighted sum, as XLA's path does, but in other blocks and order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernels
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+from jax.sharding import PartitionSpec
+
+try:  # jax >= 0.6
+    from jax import shard_map as _shard_map
+
+    def _sharded(f, mesh, specs, out):
+        return _shard_map(f, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
+except ImportError:  # pragma: no cover - older JAX
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+    def _sharded(f, mesh, specs, out):
+        return _shard_map(f, mesh=mesh, in_specs=specs, out_specs=out, check_rep=False)
+
+LANES = 128  # the kernel's blocks are multiples of this
+BLOCKS = (512, 256, 128)
+
+
+def target_platform(mesh=None) -> str:
+    """The platform the computation is compiled for: the mesh's devices' (a TPU described for the plan command,
+    from a CPU machine), else this process's default backend."""
+    if mesh is not None:
+        return mesh.devices.flat[0].platform
+    return jax.default_backend()
+
+
+def applies(length: int, mesh=None) -> bool:
+    """Whether ``auto`` takes the kernel: compiled for a TPU, the length a multiple of 128."""
+    return target_platform(mesh) == "tpu" and length % LANES == 0
+
+
+def block_size(length: int) -> int:
+    """The kernel's query and key block: the largest of :data:`BLOCKS` dividing ``length``."""
+    for block in BLOCKS:
+        if length % block == 0:
+            return block
+    raise ValueError(f"splash attention needs a length that is a multiple of {LANES}, not {length}; use the XLA "
+                     "path (TPU_PRETRAIN_ATTENTION=xla) or a max_seq_length that is a multiple of 128.")
+
+
+@functools.lru_cache(maxsize=32)
+def kernel(length: int, heads: int, window: int | None, interpret: bool):
+    """The multi-head kernel for one example: ``(q, k, v [heads, length, head_size], segment_ids) -> out``."""
+    shape = (length, length)
+    one = masks.FullMask(shape) if window is None else masks.LocalMask(shape, (window, window), offset=0)
+    block = block_size(length)
+    sizes = kernels.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    return kernels.make_splash_mha(masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
+                                   q_seq_shards=1, interpret=interpret)
+
+
+def attention(q, k, v, segments, window: int | None = None, mesh=None, axis: str | None = None):
+    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays in which a token attends only
+    to tokens of its own segment (``segments``: ``[batch, length]`` int32) within ``window`` positions (None: all);
+    the inputs' dtype out. ``mesh`` with more than one device: run per chip, the examples split along ``axis``."""
+    batch, length, heads, head_size = q.shape
+    interpret = target_platform(mesh) != "tpu"
+    run = kernel(length, heads, window, interpret)
+    scale = 1.0 / float(head_size) ** 0.5
+    q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+
+    def per_example(q, k, v, segments):
+        q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # [batch, heads, length, head_size]
+        ids = kernels.SegmentIds(q=segments, kv=segments)
+        out = jax.vmap(run, in_axes=(0, 0, 0, kernels.SegmentIds(q=0, kv=0)))(q, k, v, ids)
+        return jnp.swapaxes(out, 1, 2).astype(v.dtype)
+
+    segments = segments.astype(jnp.int32)
+    if mesh is None or mesh.devices.size == 1:
+        return per_example(q, k, v, segments)
+    spec = PartitionSpec(axis or mesh.axis_names[0])
+    return _sharded(per_example, mesh, (spec, spec, spec, spec), spec)(q, k, v, segments)
