@@ -164,6 +164,7 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_weights(data_dir, tmp_path):
     from tpu_pretrain.config import Config
     from tpu_pretrain.jax_backend.input import BATCH_FEATURES, eval_batches
+    from tpu_pretrain.jax_backend.step import gradients
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     losses = {}
@@ -172,7 +173,7 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_weights(data_dir, tmp_p
                                          train_batch_size=8, mixed_precision=precision, hidden_dropout_prob=0.0,
                                          num_train_steps=10, num_warmup_steps=1))
         batch = next(eval_batches(trainer.data.train_files, 8, 64, 10))
-        grads, stats, _ = trainer.gradients(trainer.state, {k: batch[k] for k in BATCH_FEATURES})
+        grads, stats, _ = gradients(trainer.spec, trainer.state, {k: batch[k] for k in BATCH_FEATURES})
         losses[precision] = float(stats["mlm_loss_sum"] / stats["mlm_weight"])
         assert trainer.model.blocks[0].compute_dtype == precision
         assert all(p.dtype == np.float32 for p in trainer.state["params"]) and all(g.dtype == np.float32 for g in grads)

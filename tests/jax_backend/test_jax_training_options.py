@@ -21,7 +21,7 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.data.create import create_pretraining_data  # noqa: E402
 from tpu_pretrain.data.sample_corpus import write_sample_corpus  # noqa: E402
 from tpu_pretrain.data.vocab import build_vocab  # noqa: E402
-from tpu_pretrain.jax_backend import optimizer as opt  # noqa: E402
+from tpu_pretrain.jax_backend import step  # noqa: E402
 from tpu_pretrain.jax_backend.state import read_arrays  # noqa: E402
 
 T = 64
@@ -142,7 +142,7 @@ def test_float16_skips_overflowing_steps_halves_the_scale_and_keeps_it_in_the_ch
     assert trainer.step == 4 and loss_scale(trainer) == (2.0**36, 0)  # skipped and counted, halved each time
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))  # weights and moments unchanged
 
-    set_loss_scale(trainer, 2.0**15, opt.LOSS_SCALE_GROWTH_STEPS - 1)
+    set_loss_scale(trainer, 2.0**15, step.LOSS_SCALE_GROWTH_STEPS - 1)
     learned = trainer.train_steps(4)
     assert loss_scale(trainer) == (2.0**16, 3)  # doubled after 2000 finite steps, then counting again
     print(f"float16 loss on one batch: {skipped['loss']:.4f} while skipping, {learned['loss']:.4f} after")

@@ -54,22 +54,22 @@ JAX_SIDE = textwrap.dedent("""
     import json, sys
     import numpy as np
     from tpu_pretrain.config import Config
-    from tpu_pretrain.jax_backend import optimizer as opt
+    from tpu_pretrain.jax_backend import step
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
     folder = sys.argv[1]
     trainer = JaxTrainer(Config.load(**json.load(open(folder + "/settings.json"))))
     trainer.load_stored_weights(dict(np.load(folder + "/start.npz")), "the TensorFlow model's start", strict=True)
     data = np.load(folder + "/batches.npz")
     batches = [{k: data[k][i] for k in data.files} for i in range(len(data["input_ids"]))]
-    grads, stats, _ = trainer.gradients(trainer.state, batches[0])
+    grads, stats, _ = step.gradients(trainer.spec, trainer.state, batches[0])
     ids = np.arange(len(batches[0]["input_ids"]))
     loss = stats["mlm_loss_sum"] / max(float(stats["mlm_weight"]), 1.0) + stats["nsp_loss_sum"] / len(ids)
     trainer.train_batches = iter([(ids, b) for b in batches])
     losses = [trainer.train_steps(1)["loss"] for _ in batches]
     np.savez(folder + "/after.npz", **trainer.stored_weights())
     scale = trainer.state["loss_scale"]["scale"] if "loss_scale" in trainer.state else None
-    json.dump({"loss": float(loss), "norm": float(opt.global_norm(grads)), "losses": losses, "step": trainer.step,
-               "rates": [float(opt.learning_rate(trainer.settings, s)) for s in range(trainer.step)],
+    json.dump({"loss": float(loss), "norm": float(step.global_norm(grads)), "losses": losses, "step": trainer.step,
+               "rates": [float(step.learning_rate(trainer.settings, s)) for s in range(trainer.step)],
                "loss_scale": None if scale is None else float(scale)}, open(folder + "/jax.json", "w"))
 """)
 

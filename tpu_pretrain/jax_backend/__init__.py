@@ -9,12 +9,12 @@ checkpoints' folder format and their mirror are the core's (:mod:`..core`), shar
 - ``families``: the one place that picks BERT or ModernBERT: the model, its weights' names and stored layout.
 - ``model``: BERT in Keras 3 layers, and its weights by Google's checkpoint names; ``modernbert``: ModernBERT in
   Keras 3 layers (transformers' ``ModernBertForMaskedLM``), its weights by transformers' names.
-- ``optimizer``: AdamW and LAMB with BERT's schedule and clipping, as pure functions of arrays.
+- ``step``: the training step as pure functions: the MLM/NSP loss, accumulated gradients, clipping, AdamW and
+  LAMB with BERT's schedule, float16's loss scale.
 - ``input``: the shards read without TensorFlow, in an order that is a pure function of (seed, records consumed);
   ``prefetch``: batches placed on the devices by a thread while the steps run.
-- ``stats``: the core's MLM/NSP statistics in ``jax.numpy``.
 - ``state``: a checkpoint's ``state.npz`` (weights, optimizer slots, step), read with NumPy alone.
-- ``trainer``: model, optimizer and input of one configuration, and its compiled steps.
+- ``trainer``: model, optimizer state and input of one configuration, and its compiled steps.
 - ``inference``: the run used for evaluate, probe and export.
 - ``accelerator_check``: ``tpu-check --backend jax``, the run's model and batch timed on the chips.
 - ``plan``: ``tpu-pretrain plan``, the training step compiled for a TPU that is not here.

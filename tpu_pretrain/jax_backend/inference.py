@@ -2,7 +2,7 @@
 
 The Keras 3 model of :mod:`.model` (or :mod:`.modernbert`: :mod:`.families` picks by the config), in float32,
 filled with weights by Google name (a ModernBERT's by transformers' names, as its run stores them); its logits, batch
-statistics (:mod:`.stats`, the core's formula) and hidden states come from functions compiled once per
+statistics (:func:`.step.pretraining_stats`, the core's formula) and hidden states come from functions compiled once per
 shape with ``jax.jit``, the weights passed in as arguments (not baked into the program as constants). The
 probe's fine-tuning trains the encoder with a linear head through Keras's own ``fit``.
 """
@@ -24,7 +24,7 @@ from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from ..models.run_weights import JAX  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .model import PretrainingBert  # noqa: E402
-from .stats import pretraining_stats  # noqa: E402
+from .step import pretraining_stats  # noqa: E402
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
 ENCODE_BATCH = 64  # rows per hidden-states call: every call one compiled shape (the last one padded)

@@ -1,16 +1,19 @@
 """The JAX backend's trainer: model, optimizer and input of one configuration, and its compiled steps.
 
-The same guarantees as :mod:`..tf_backend.trainer`: losses normalised over the *global* batch (so any number
-of devices, and k accumulated micro-batches, give the same update), several steps per compiled call
-(a ``lax.scan`` over stacked batches), the weights replicated and every batch split over the local
-devices (``jax.sharding``), bfloat16 compute where the accelerator has it (float16 with dynamic loss scaling
-where asked for: GPUs without bfloat16, such as the T4), and the input opened at an exact step, masked afresh
-with ``dynamic_masking``. :func:`..core.loop.run_training` drives it as it drives the TensorFlow trainer.
+The step itself (loss, accumulated gradients, clipping, AdamW/LAMB, the float16 loss scale) is pure functions in
+:mod:`.step`; this class holds the state, places it and the input on the devices (``jax.sharding``: weights
+replicated, every batch split over the local devices) and compiles the steps, several to a call (a ``lax.scan``
+over stacked batches). The same guarantees as :mod:`..tf_backend.trainer`: losses normalised over the *global*
+batch (any number of devices, and k accumulated micro-batches, give the same update), bfloat16 compute where the
+accelerator has it (float16 with dynamic loss scaling where asked for: GPUs without bfloat16, such as the T4),
+and the input opened at an exact step, masked afresh with ``dynamic_masking``. :func:`..core.loop.run_training`
+drives it as it drives the TensorFlow trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -26,24 +29,20 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 
 from ..config import Config  # noqa: E402
-from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums  # noqa: E402
+from ..core.metrics import add_sums, metrics_from_sums  # noqa: E402
 from ..core.peaks import group_peak  # noqa: E402
 from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from . import optimizer as opt  # noqa: E402
 from .devices import Devices, detect_devices  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
-from .stats import pretraining_stats  # noqa: E402
+from .step import OptimizerSettings, StepSpec, decayed, eval_stats, init_loss_scale, init_slots, train_chunk  # noqa: E402
 
 log = logging.getLogger(__name__)
-
-
-MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
 
 
 def process_independent(paths: list[str]) -> list[str]:
@@ -57,16 +56,6 @@ def process_independent(paths: list[str]) -> list[str]:
         n = counts[base] = counts.get(base, -1) + 1
         names.append("/".join(filter(None, (f"{base}_{n}" if n else base, rest))))
     return names
-
-
-def _unless_overflowed(state: dict, new: dict, finite) -> dict:
-    """``new`` if the gradients were finite; else ``state``'s weights and moments with the step counted (the
-    schedule moves on, as under tf-keras's LossScaleOptimizer). The loss scale follows either way."""
-    def keep(after, before):
-        return jax.tree.map(lambda a, b: jnp.where(finite, a, b), after, before)
-
-    return {**new, "params": keep(new["params"], state["params"]), "slots": keep(new["slots"], state["slots"]),
-            LOSS_SCALE: opt.update_loss_scale(state[LOSS_SCALE], finite)}
 
 
 class JaxTrainer:
@@ -84,7 +73,7 @@ class JaxTrainer:
         self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
         self.eval_batch_size = self.plan.batch_geometry(self.devices.num_replicas)
         self.steps_per_execution = t.steps_per_execution or self.devices.default_steps_per_execution()
-        self.settings = opt.OptimizerSettings.from_config(t, self.plan.schedule)
+        self.settings = OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
         self.train_batches = self.init_report = None
         self._build()
@@ -104,11 +93,11 @@ class JaxTrainer:
             self._load_init_checkpoint(self.config.model.init_checkpoint)
         params = [v.value for v in self.model.trainable_variables]
         state = {"params": params, "keras": [v.value for v in self.model.non_trainable_variables],
-                 "slots": opt.init_slots(params), "step": jnp.zeros((), jnp.int32)}
+                 "slots": init_slots(params), "step": jnp.zeros((), jnp.int32)}
         if self.loss_scaling:
-            state[LOSS_SCALE] = opt.init_loss_scale()
+            state[LOSS_SCALE] = init_loss_scale()
         self.state = self._place(state)
-        self.decay_mask = opt.decayed(params)
+        self.decay_mask = decayed(params)
         self._compile()
 
     @property
@@ -116,11 +105,18 @@ class JaxTrainer:
         """float16 compute: the loss is scaled (its small gradients would underflow float16 otherwise)."""
         return self.devices.precision == "float16"
 
+    @property
+    def spec(self) -> StepSpec:
+        """What the steps of :mod:`.step` are made of, from the current settings."""
+        return StepSpec(self.model.stateless_call, self.with_nsp, self.config.train.gradient_accumulation_steps,
+                        self.devices.num_replicas, self.settings, self.decay_mask)
+
     def _compile(self) -> None:
-        """The jitted steps; the optimizer's settings (the schedule among them) are constants in them."""
-        replicated = self.devices.replicated()
-        self._train_chunk = jax.jit(self._chunk, donate_argnums=(0,), out_shardings=(replicated, replicated))
-        self._eval_step = jax.jit(self._eval_stats, out_shardings=replicated)
+        """The jitted steps; the spec (the optimizer's settings and schedule among them) is constant in them."""
+        replicated, spec = self.devices.replicated(), self.spec
+        self._train_chunk = jax.jit(functools.partial(train_chunk, spec), donate_argnums=(0,),
+                                    out_shardings=(replicated, replicated))
+        self._eval_step = jax.jit(functools.partial(eval_stats, spec), out_shardings=replicated)
 
     def _place(self, tree):
         sharding = self.devices.replicated()
@@ -175,67 +171,6 @@ class JaxTrainer:
             self.train_batches = None
 
     # -- compiled steps ---------------------------------------------------------------------------
-    def _loss(self, params, keras_state, batch, global_weight, global_examples, training=True):
-        inputs = [batch[k] for k in MODEL_INPUTS]
-        outputs, keras_state = self.model.stateless_call(params, keras_state, inputs, training=training)
-        stats = pretraining_stats(outputs, batch, self.with_nsp)
-        return global_batch_loss(stats, global_weight, global_examples, self.with_nsp), (stats, keras_state)
-
-    def _scaled_loss(self, params, keras_state, batch, global_weight, global_examples, scale):
-        loss, aux = self._loss(params, keras_state, batch, global_weight, global_examples)
-        return loss * scale, aux
-
-    def _micro_batches(self, batch: dict) -> dict:
-        """[B, ...] -> [k, B/k, ...]; micro-batch i takes the i-th slice of every device's share."""
-        k, r = self.config.train.gradient_accumulation_steps, self.devices.num_replicas
-
-        def split(x):
-            x = x.reshape((r, k, -1) + x.shape[1:]).swapaxes(0, 1)
-            return x.reshape((k, -1) + x.shape[3:])
-
-        return {key: split(batch[key]) for key in BATCH_FEATURES}
-
-    def gradients(self, state: dict, batch: dict):
-        """``(summed gradients, summed statistics, new Keras state)`` of one global batch.
-
-        With loss scaling the gradients are those of the scaled loss, unscaled after the sum (as tf-keras's
-        LossScaleOptimizer does); an overflow leaves some of them infinite or NaN.
-        """
-        global_weight = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
-        global_examples = float(batch["input_ids"].shape[0])
-        scale = state[LOSS_SCALE]["scale"] if LOSS_SCALE in state else None
-        grad_fn = jax.value_and_grad(self._loss if scale is None else self._scaled_loss, has_aux=True)
-        extra = () if scale is None else (scale,)
-
-        def micro_step(carry, micro):
-            grads, stats, keras_state = carry
-            (_, (s, keras_state)), g = grad_fn(state["params"], keras_state, micro, global_weight, global_examples,
-                                               *extra)
-            grads = [a + b for a, b in zip(grads, g, strict=True)]
-            return (grads, {key: stats[key] + s[key] for key in STAT_KEYS}, keras_state), None
-
-        zeros = ([jnp.zeros_like(p) for p in state["params"]], {key: jnp.float32(0.0) for key in STAT_KEYS},
-                 state["keras"])
-        (grads, stats, keras_state), _ = jax.lax.scan(micro_step, zeros, self._micro_batches(batch))
-        if scale is not None:
-            inverse = 1.0 / scale
-            grads = [g * inverse for g in grads]
-        return grads, stats, keras_state
-
-    def _step(self, state: dict, batch: dict):
-        grads, stats, keras_state = self.gradients(state, batch)
-        clipped, _ = opt.clip_by_global_norm(grads, self.settings.clip_norm)
-        params, slots = opt.apply_updates(self.settings, state["params"], clipped, state["slots"], state["step"],
-                                          self.decay_mask)
-        new = {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}
-        if LOSS_SCALE in state:
-            new = _unless_overflowed(state, new, opt.all_finite(grads))
-        return new, stats
-
-    def _chunk(self, state: dict, batches: dict):
-        state, stats = jax.lax.scan(self._step, state, batches)
-        return state, {key: jnp.sum(stats[key]) for key in STAT_KEYS}
-
     def chunk_shapes(self, steps: int) -> dict:
         """One call's input as shapes: ``steps`` global batches, split over the devices as :meth:`train_steps` does."""
         d, sharding = self.config.data, self.devices.split(axis=1)
@@ -250,10 +185,6 @@ class JaxTrainer:
     def lower_chunk(self, steps: int = 1):
         """The training call of ``steps`` steps lowered for this trainer's devices, from shapes (:mod:`.plan`)."""
         return self._train_chunk.lower(self.state, self.chunk_shapes(steps))
-
-    def _eval_stats(self, state: dict, batch: dict) -> dict:
-        _, (stats, _) = self._loss(state["params"], state["keras"], batch, 1.0, 1.0, training=False)
-        return stats
 
     # -- public API -----------------------------------------------------------------------------------
     @property
@@ -367,7 +298,7 @@ class JaxTrainer:
             "step": jnp.asarray(arrays["step"], jnp.int32)}
         if self.loss_scaling:
             saved = {k: arrays[f"{LOSS_SCALE}/{k}"] for k in LOSS_SCALE_ARRAYS if f"{LOSS_SCALE}/{k}" in arrays}
-            state[LOSS_SCALE] = (opt.init_loss_scale() if len(saved) < len(LOSS_SCALE_ARRAYS) else
+            state[LOSS_SCALE] = (init_loss_scale() if len(saved) < len(LOSS_SCALE_ARRAYS) else
                                  {"scale": jnp.asarray(saved["scale"], jnp.float32),
                                   "good_steps": jnp.asarray(saved["good_steps"], jnp.int32)})
         self.state = self._place(state)

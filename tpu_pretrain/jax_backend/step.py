@@ -1,0 +1,260 @@
+"""The JAX training step as pure functions of arrays: loss, gradients, clipping, the optimizer update.
+
+One step (:func:`train_step`): the MLM(+NSP) loss of the *global* batch, its gradients summed over ``k``
+micro-batches (:func:`gradients`), clipped to a global norm, then AdamW or LAMB at the run core's learning rate
+(:func:`apply_updates`); in float16 the loss is scaled and an overflowing step keeps its weights
+(:func:`unless_overflowed`). :class:`.trainer.JaxTrainer` holds the state, places it on the devices and compiles
+these with ``jax.jit``; what a step is made of is one frozen :class:`StepSpec`.
+
+The arithmetic is the TensorFlow backend's (:mod:`..tf_backend.optimization`: tf-keras's AdamW and our LAMB),
+which the parity tests check to float32 precision. That is why the optimizer is written here and not taken
+from optax: optax's Adam adds epsilon to the bias-corrected ``sqrt(v_hat)``, tf-keras's to ``sqrt(v)`` before
+the correction (``eps / sqrt(1 - beta_2**t)`` in optax's terms: 32 times larger at the first step), and
+``optax.adamw`` in this step moves the parity test's weights up to 1.9e-3 away from the TensorFlow backend's
+(tolerance 2e-5; 1.2e-7 as written here). ``optax.lamb`` trust-scales every weight, where BERT's LAMB skips
+biases and LayerNorm. (A chain of optax's parts with a per-step epsilon matches, but needs optax's state
+rebuilt from the checkpoint's ``m``/``v``: more code than the update below.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from ..config import TrainConfig
+from ..core import metrics, schedules
+from ..core.schedules import Schedule
+from .input import BATCH_FEATURES
+from .state import LOSS_SCALE
+
+MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
+
+
+# -- the loss ---------------------------------------------------------------------------------------------------
+class JaxOps:
+    """:class:`..core.metrics.ArrayOps` in ``jax.numpy``: the statistics' one formula serves both backends."""
+
+    float32 = staticmethod(lambda x: jnp.asarray(x, jnp.float32))
+    log_softmax = staticmethod(jax.nn.log_softmax)
+    sum = staticmethod(jnp.sum)
+
+    @staticmethod
+    def pick(values, labels):
+        return jnp.take_along_axis(values, labels[..., None], axis=-1)[..., 0]
+
+    @staticmethod
+    def argmax(logits):
+        return jnp.argmax(logits, -1)
+
+    @staticmethod
+    def rows(labels):
+        return jnp.float32(labels.shape[0])
+
+
+def pretraining_stats(outputs, batch: dict, with_nsp: bool) -> dict:
+    """Summed MLM/NSP statistics of a batch (:func:`..core.metrics.pretraining_stats`) as JAX arrays."""
+    return metrics.pretraining_stats(outputs, batch, with_nsp, JaxOps)
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimiser's settings (static under ``jax.jit``)."""
+
+    optimizer: str
+    schedule: Schedule
+    weight_decay_rate: float
+    beta_1: float
+    beta_2: float
+    epsilon: float
+    clip_norm: float
+
+    @classmethod
+    def from_config(cls, t: TrainConfig, schedule: Schedule) -> OptimizerSettings:
+        if t.optimizer not in ("adamw", "lamb"):
+            raise ValueError(f"optimizer must be adamw or lamb, not {t.optimizer!r}")
+        return cls(t.optimizer, schedule, t.weight_decay_rate, t.adam_beta1, t.adam_beta2, t.adam_epsilon,
+                   t.clip_norm)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What a step is made of, constant under ``jax.jit``: the model's pure call
+    (Keras's ``stateless_call``), NSP or not, ``accumulation`` micro-batches over ``replicas`` devices,
+    the optimizer and which weights it decays."""
+
+    apply: Callable
+    with_nsp: bool
+    accumulation: int
+    replicas: int
+    optimizer: OptimizerSettings
+    decay_mask: tuple[bool, ...]
+
+
+def loss(spec: StepSpec, params, keras_state, batch: dict, global_weight, global_examples, scale=None,
+         training: bool = True):
+    """``(loss, (statistics, new Keras state))`` of one share of the global batch (times ``scale``, if given):
+    MLM per masked token and NSP per example *of the global batch*, so shares add up to the global loss."""
+    outputs, keras_state = spec.apply(params, keras_state, [batch[k] for k in MODEL_INPUTS], training=training)
+    stats = pretraining_stats(outputs, batch, spec.with_nsp)
+    value = metrics.global_batch_loss(stats, global_weight, global_examples, spec.with_nsp)
+    return (value if scale is None else value * scale), (stats, keras_state)
+
+
+def micro_batches(batch: dict, k: int, replicas: int) -> dict:
+    """[B, ...] -> [k, B/k, ...]; micro-batch i takes the i-th slice of every device's share."""
+    def split(x):
+        x = x.reshape((replicas, k, -1) + x.shape[1:]).swapaxes(0, 1)
+        return x.reshape((k, -1) + x.shape[3:])
+
+    return {key: split(batch[key]) for key in BATCH_FEATURES}
+
+
+def gradients(spec: StepSpec, state: dict, batch: dict):
+    """``(summed gradients, summed statistics, new Keras state)`` of one global batch.
+
+    With loss scaling the gradients are those of the scaled loss, unscaled after the sum (as tf-keras's
+    LossScaleOptimizer does); an overflow leaves some of them infinite or NaN.
+    """
+    global_weight = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
+    global_examples = float(batch["input_ids"].shape[0])
+    scale = state[LOSS_SCALE]["scale"] if LOSS_SCALE in state else None
+    grad_fn = jax.value_and_grad(loss, argnums=1, has_aux=True)
+
+    def micro_step(carry, micro):
+        grads, stats, keras_state = carry
+        (_, (s, keras_state)), g = grad_fn(spec, state["params"], keras_state, micro, global_weight,
+                                           global_examples, scale)
+        grads = [a + b for a, b in zip(grads, g, strict=True)]
+        return (grads, {key: stats[key] + s[key] for key in metrics.STAT_KEYS}, keras_state), None
+
+    zeros = ([jnp.zeros_like(p) for p in state["params"]], {key: jnp.float32(0.0) for key in metrics.STAT_KEYS},
+             state["keras"])
+    (grads, stats, keras_state), _ = jax.lax.scan(micro_step, zeros,
+                                                  micro_batches(batch, spec.accumulation, spec.replicas))
+    if scale is not None:
+        inverse = 1.0 / scale
+        grads = [g * inverse for g in grads]
+    return grads, stats, keras_state
+
+
+# -- the update ---------------------------------------------------------------------------------------------------
+def learning_rate(s: OptimizerSettings, step):
+    """The run core's schedule (:func:`..core.schedules.learning_rate`) at ``step``, in ``jax.numpy``."""
+    return schedules.learning_rate(s.schedule, jnp.asarray(step, jnp.float32), jnp.where, jnp.clip)
+
+
+def global_norm(grads) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
+
+
+def clip_by_global_norm(grads, clip_norm: float):
+    """``(clipped grads, the norm before clipping)``; ``clip_norm <= 0`` leaves them as they are."""
+    norm = global_norm(grads)
+    if clip_norm <= 0:
+        return grads, norm
+    scale = clip_norm / jnp.maximum(norm, clip_norm)
+    return [g * scale for g in grads], norm
+
+
+def decayed(params) -> tuple[bool, ...]:
+    """Which weights are decayed (and LAMB trust-scales): the matrices, not LayerNorm scales/offsets or biases."""
+    return tuple(p.ndim > 1 for p in params)
+
+
+def init_slots(params) -> dict:
+    """The first and second moments, zero."""
+    return {"m": [jnp.zeros_like(p) for p in params], "v": [jnp.zeros_like(p) for p in params]}
+
+
+def apply_updates(s: OptimizerSettings, params, grads, slots: dict, step, decay_mask):
+    """One optimiser step: ``(new params, new slots)``; ``step`` counts the updates already made.
+
+    AdamW first decays the weights (``w -= w * decay * lr``), then takes the bias-corrected Adam step with
+    epsilon where tf-keras puts it; LAMB scales each decayed weight's step by ``||w|| / ||update||``.
+    """
+    lr = learning_rate(s, step)
+    t = jnp.asarray(step, jnp.float32) + 1.0
+    b1, b2 = s.beta_1, s.beta_2
+    new_params, new_m, new_v = [], [], []
+    for p, g, m, v, decay in zip(params, grads, slots["m"], slots["v"], decay_mask, strict=True):
+        m = m + (g - m) * (1.0 - b1)
+        v = v + (jnp.square(g) - v) * (1.0 - b2)
+        if s.optimizer == "adamw":
+            if decay and s.weight_decay_rate:
+                p = p - p * s.weight_decay_rate * lr
+            alpha = lr * jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+            p = p - m * alpha / (jnp.sqrt(v) + s.epsilon)
+        else:  # LAMB
+            update = (m / (1.0 - b1**t)) / (jnp.sqrt(v / (1.0 - b2**t)) + s.epsilon)
+            ratio = 1.0
+            if decay:
+                update = update + s.weight_decay_rate * p
+                w_norm, u_norm = jnp.linalg.norm(p), jnp.linalg.norm(update)
+                ratio = jnp.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+            p = p - lr * ratio * update
+        new_params.append(p)
+        new_m.append(m)
+        new_v.append(v)
+    return new_params, {"m": new_m, "v": new_v}
+
+
+# Dynamic loss scaling for float16 compute, with tf-keras's LossScaleOptimizer defaults: start at 2**15, halve
+# the scale (not below 1) and skip the update when a gradient is not finite, double it after 2000 good steps.
+INITIAL_LOSS_SCALE, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_FACTOR = 2.0**15, 2000, 2.0
+
+
+def init_loss_scale(scale: float = INITIAL_LOSS_SCALE) -> dict:
+    """The loss scale and the count of finite steps since it last changed."""
+    return {"scale": jnp.asarray(scale, jnp.float32), "good_steps": jnp.zeros((), jnp.int32)}
+
+
+def all_finite(grads) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
+
+
+def update_loss_scale(loss_scale: dict, finite) -> dict:
+    """The next loss scale after a step whose gradients were (or were not) ``finite``, as tf-keras does it."""
+    scale, good = loss_scale["scale"], loss_scale["good_steps"] + 1
+    grown = scale * LOSS_SCALE_FACTOR
+    grow = good >= LOSS_SCALE_GROWTH_STEPS
+    on_finite = jnp.where(grow & jnp.isfinite(grown), grown, scale)
+    return {"scale": jnp.where(finite, on_finite, jnp.maximum(scale / LOSS_SCALE_FACTOR, 1.0)),
+            "good_steps": jnp.where(finite & ~grow, good, 0).astype(jnp.int32)}
+
+
+def unless_overflowed(state: dict, new: dict, finite) -> dict:
+    """``new`` if the gradients were finite; else ``state``'s weights and moments with the step counted (the
+    schedule moves on, as under tf-keras's LossScaleOptimizer). The loss scale follows either way."""
+    def keep(after, before):
+        return jax.tree.map(lambda a, b: jnp.where(finite, a, b), after, before)
+
+    return {**new, "params": keep(new["params"], state["params"]), "slots": keep(new["slots"], state["slots"]),
+            LOSS_SCALE: update_loss_scale(state[LOSS_SCALE], finite)}
+
+
+# -- the step -------------------------------------------------------------------------------------------------
+def train_step(spec: StepSpec, state: dict, batch: dict):
+    """``(new state, summed statistics)`` after one optimizer step over one global batch."""
+    grads, stats, keras_state = gradients(spec, state, batch)
+    clipped, _ = clip_by_global_norm(grads, spec.optimizer.clip_norm)
+    params, slots = apply_updates(spec.optimizer, state["params"], clipped, state["slots"], state["step"],
+                                  spec.decay_mask)
+    new = {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}
+    if LOSS_SCALE in state:
+        new = unless_overflowed(state, new, all_finite(grads))
+    return new, stats
+
+
+def train_chunk(spec: StepSpec, state: dict, batches: dict):
+    """Several steps in one call (a ``lax.scan`` over stacked batches), their statistics summed."""
+    state, stats = jax.lax.scan(lambda s, b: train_step(spec, s, b), state, batches)
+    return state, {key: jnp.sum(stats[key]) for key in metrics.STAT_KEYS}
+
+
+def eval_stats(spec: StepSpec, state: dict, batch: dict) -> dict:
+    """A held-out batch's summed statistics (no dropout)."""
+    _, (stats, _) = loss(spec, state["params"], state["keras"], batch, 1.0, 1.0, training=False)
+    return stats
