@@ -116,12 +116,14 @@ def test_a_tokenizer_file_without_the_special_tokens_or_not_json_is_refused_nami
 
 def test_bert_refuses_a_tokenizer_json_and_modernbert_takes_its_ids(made, tmp_path):
     from tpu_pretrain.core.resolve import run_model_config
+    from tpu_pretrain.data.vocab import Vocab
 
     data = read_data_info(str(made / "data"))
+    vocab = Vocab.read(data.vocab_file)
     with pytest.raises(UserInputError, match="is a tokenizer.json, which only --model_family modernbert trains"):
-        run_model_config(Config.load(data_dir=str(made / "data"), model_size="tiny"), data)
+        run_model_config(Config.load(data_dir=str(made / "data"), model_size="tiny"), data, vocab)
     config = run_model_config(Config.load(data_dir=str(made / "data"), model_size="tiny",
-                                          model_family="modernbert"), data)
+                                          model_family="modernbert"), data, vocab)
     assert config.vocab_size == 2048  # 2005 tokens, padded to a multiple of 64 as the released models are
     assert (config.pad_token_id, config.cls_token_id, config.sep_token_id, config.mask_token_id) == (
         2003, 2001, 2002, 2004)

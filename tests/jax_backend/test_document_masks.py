@@ -17,13 +17,13 @@ if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from tpu_pretrain.core.bert_config import BertConfig  # noqa: E402
-from tpu_pretrain.core.modernbert_config import ModernBertConfig  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.jax_backend.input import document_ids, document_masks_wanted, document_positions  # noqa: E402
 from tpu_pretrain.jax_backend.model import build_model  # noqa: E402
 from tpu_pretrain.jax_backend.modernbert import build_modernbert  # noqa: E402
+from tpu_pretrain.models.bert_config import BertConfig  # noqa: E402
+from tpu_pretrain.models.modernbert_config import ModernBertConfig  # noqa: E402
 
 CLS, SEP, T = 2, 3, 48
 A, B = 25, 14  # document lengths (with their [SEP]); the second is longer than ModernBERT's 8-token half window

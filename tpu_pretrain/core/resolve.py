@@ -50,10 +50,10 @@ class RunPlan:
         data = read_data_info(config.storage.data_dir)
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
+        vocab = run_vocab(config, data)
         check_data_fills_a_batch(config.train, data)
         schedule = planned(config.train)
-        return cls(config, data, run_vocab(config, data), run_model_config(config, data), warmup_was_auto,
-                   schedule, schedule)
+        return cls(config, data, vocab, run_model_config(config, data, vocab), warmup_was_auto, schedule, schedule)
 
     @classmethod
     def from_settings(cls, config: Config) -> RunPlan:
@@ -72,10 +72,10 @@ class RunPlan:
                         settings={"no_nsp": d.no_nsp})
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
-        if family_named(config.model.model_family) is MODERNBERT and not d.vocab_file:
+        if family_named(config.model.model_family) is MODERNBERT and not vocab:
             model_config = planned_modernbert_config(config, vocab_size)
         else:
-            model_config = run_model_config(config, data)
+            model_config = run_model_config(config, data, vocab)
         schedule = planned(config.train)
         return cls(config, data, vocab, model_config, warmup_was_auto, schedule, schedule)
 
@@ -117,8 +117,6 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         said("The data in %s was made with %s=%r, not %r: the run trains on it as it is, and records that.",
              data.data_dir, key, value, config.get(key))
         resolved.set(key, value, source=f"{data.data_dir}'s manifest")
-    if config.data.vocab_file:  # a vocab.txt, a tokenizer.json, or a model folder holding one (checked, named)
-        _check_same_vocab(Vocab.read(config.data.vocab_file), data)
     t = resolved.train
     if t.num_warmup_steps < 0:
         t.num_warmup_steps = auto_warmup_steps(t.num_train_steps)
@@ -148,15 +146,18 @@ def auto_warmup_steps(num_train_steps: int) -> int:
 
 
 def run_vocab(config: Config, data: DataInfo) -> Vocab | None:
-    """The vocab a run trains with: the configured file, else the data folder's own (None when neither); refused
-    when the data folder lost the copy its manifest records."""
+    """The vocab a run trains with, read once: the configured file (checked to be the data's), else the data folder's
+    own (None when neither); refused when the data folder lost the copy its manifest records."""
     if not config.data.vocab_file and data.lost_vocab:
         raise UserInputError(
             f"The data folder {data.data_dir} lost its {data.lost_vocab}: its manifest records that the data was "
             f"made with it (sha256 {data.vocab_sha256[:12]}...), and a run needs it to read the token ids. Copy it "
             "back there (the --vocab_file given to create-data), or set --vocab_file to it.")
-    vocab_file = config.data.vocab_file or data.vocab_file
-    return Vocab.read(vocab_file) if vocab_file else None
+    if config.data.vocab_file:  # a vocab.txt, a tokenizer.json, or a model folder holding one
+        vocab = Vocab.read(config.data.vocab_file)
+        _check_same_vocab(vocab, data)
+        return vocab
+    return Vocab.read(data.vocab_file) if data.vocab_file else None
 
 
 def _check_same_vocab(vocab: Vocab, data: DataInfo) -> None:
@@ -182,20 +183,20 @@ def _check_same_vocab(vocab: Vocab, data: DataInfo) -> None:
                          "data's own vocab.")
 
 
-def run_model_config(config: Config, data: DataInfo) -> BertConfig | ModernBertConfig:
+def run_model_config(config: Config, data: DataInfo, vocab: Vocab | None) -> BertConfig | ModernBertConfig:
     """The model's shape of the run's model_family (:func:`run_bert_config`, :func:`run_modernbert_config`)."""
-    return run_modernbert_config(config, data) if family_named(config.model.model_family) is MODERNBERT else (
-        run_bert_config(config, data))
+    family = family_named(config.model.model_family)
+    return (run_modernbert_config if family is MODERNBERT else run_bert_config)(config, data, vocab)
 
 
-def run_modernbert_config(config: Config, data: DataInfo) -> ModernBertConfig:
+def run_modernbert_config(config: Config, data: DataInfo, vocab: Vocab | None) -> ModernBertConfig:
     """A ModernBERT's shape: MLM-only data, the vocab's size and special tokens ([PAD] the data's padding, id 0)."""
     if not data.settings.get("no_nsp"):
         raise UserInputError(
             f"model_family=modernbert trains the masked LM alone, but the data in {data.data_dir} was made with "
             "next-sentence pairs (no_nsp false: half the second segments are random text): make MLM-only data with "
             "`tpu-pretrain create-data --recipe modern` (packed sequences) or --no_nsp.")
-    m, vocab = config.model, run_vocab(config, data)
+    m = config.model
     if not vocab:
         raise UserInputError("model_family=modernbert needs the vocab (its special tokens' ids): set vocab_file.")
     tokens, padded = vocab.tokens, vocab.is_tokenizer_json
@@ -221,9 +222,9 @@ def planned_modernbert_config(config: Config, vocab_size: int | None) -> ModernB
         max_position_embeddings=m.max_position_embeddings, dropout=m.hidden_dropout_prob)
 
 
-def run_bert_config(config: Config, data: DataInfo) -> BertConfig:
+def run_bert_config(config: Config, data: DataInfo, vocab: Vocab | None) -> BertConfig:
     """The model's shape for a resolved configuration, its vocab size checked against the data's token ids."""
-    m, vocab = config.model, run_vocab(config, data)
+    m = config.model
     for setting in ("init_checkpoint", "bert_config_file"):
         if is_modernbert_folder(config.get(setting)):
             raise UserInputError(f"{setting} {config.get(setting)} describes a ModernBERT (model_type modernbert): "
