@@ -83,7 +83,8 @@ class PretrainingDataConfig:
                          "with one; [PAD] [UNK] [CLS] [SEP] [MASK] required.", steps=(CREATE_DATA, TRAIN))
     max_seq_length: int = _f(128, "Tokens per sequence, [CLS] and [SEP]s included.",
                              steps=(CREATE_DATA,), pins=(DATA, RUN))
-    max_predictions_per_seq: int = _f(20, "Most masked positions per sequence (0: enough for masked_lm_prob).",
+    max_predictions_per_seq: int = _f(0, "Most masked positions per sequence; 0: as many as masking fills at "
+                                      "max_seq_length and masked_lm_prob (20 for 128 at 0.15, as BERT; 10 for 64).",
                                       steps=(CREATE_DATA,), pins=(DATA, RUN))
     masked_lm_prob: float = _f(0.15, "Fraction of real tokens masked (training shards).", steps=(CREATE_DATA, TRAIN),
                                pins=(DATA,))
