@@ -105,7 +105,8 @@ class PretrainingDataConfig:
                       steps=(CREATE_DATA, TRAIN), pins=(DATA, RUN))
     chinese_whole_word: bool = _f(False, "Whole-word masking of Chinese words found by jieba.",
                                   steps=(CREATE_DATA,), pins=(DATA,))
-    num_shards: int = _f(0, "Training shards to write; 0 picks one per ~32 MB of text (at least one).",
+    num_shards: int = _f(0, "Training shards to write; 0: one per 16 MB of text, and at least 8 so that worker "
+                         "processes share the work (under 2 MB of text: one per 256 KB).",
                          steps=(CREATE_DATA,), pins=(DATA,))
     eval_fraction: float = _f(0.01, "Fraction of documents held out in separate eval shards.",
                               steps=(CREATE_DATA,), pins=(DATA,))

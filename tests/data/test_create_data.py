@@ -420,3 +420,13 @@ def test_ctrl_c_stops_with_a_message_and_no_traceback(small_vocab, tmp_path):
     assert process.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
     assert not (out / "manifest.json").exists()
+
+
+def test_the_automatic_shard_count_is_what_the_help_says():
+    from tpu_pretrain.data.create import auto_num_shards
+
+    said = " ".join(create_data_cli("--help").stdout.split())
+    assert "0: one per 16 MB of text, and at least 8 so that worker processes share the work (under 2 MB of text: " \
+           "one per 256 KB)" in said
+    mb = 1 << 20
+    assert [auto_num_shards(n) for n in (100_000, mb, 2 * mb, 100 * mb, 1000 * mb)] == [1, 4, 8, 8, 63]
