@@ -172,10 +172,8 @@ def token_uses(tokens: list[str], words_per_line: list[list[str]]) -> list[int]:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = collections.Counter(word for words in words_per_line for word in words)
-    from .tokenization import MAX_INPUT_CHARS_PER_WORD
-
     tokenizer = Tokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
-                                           max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+                                           max_input_chars_per_word=100))  # BERT's, as the data's tokenizer
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     distinct = list(words)
     uses = [0] * len(tokens)
