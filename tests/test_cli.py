@@ -45,6 +45,19 @@ def test_mistakes_get_a_message_that_points_the_right_way(args, says):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("args, first_line", [
+    (["train", "--learnig_rate", "1e-4"], "tpu-pretrain train: error: unrecognized arguments: --learnig_rate 1e-4 "
+                                          "(did you mean --learning_rate?)"),
+    (["trian"], "tpu-pretrain: error: argument COMMAND: invalid choice: 'trian' (choose from "),
+    (["train", "--backend", "jaz"], "tpu-pretrain train: error: argument --backend: invalid choice: 'jaz' (choose "),
+], ids=["flag", "command", "choice"])
+def test_the_error_comes_first_with_a_short_usage(args, first_line):
+    done = cli(*args)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and lines[0].startswith(first_line) and "(did you mean " in lines[0], done.stderr
+    assert len(lines) == 2 and lines[1].startswith("usage: tpu-pretrain "), done.stderr  # not train's 60 lines
+
+
 def test_a_setting_in_the_wrong_section_names_its_section(tmp_path):
     (tmp_path / "config.yaml").write_text("data:\n  vocab_size: 8000\n")
     with pytest.raises(ConfigError, match="'vocab_size' .* is under section 'data', but it belongs to section 'vocab'"):

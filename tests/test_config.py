@@ -4,12 +4,14 @@ import pytest
 
 from tpu_pretrain.cli import build_parser, config_from_args
 from tpu_pretrain.config import Config, ConfigError
+from tpu_pretrain.config_checks import max_predictions
 
 
 def test_defaults_keep_the_original_bert_flag_values():
     config = Config.load()
     assert config.data.max_seq_length == 128
-    assert config.data.max_predictions_per_seq == 20
+    assert max_predictions(config.data.max_seq_length, config.data.max_predictions_per_seq,
+                           config.data.masked_lm_prob) == 20  # derived from the length, as BERT's 20 for 128
     assert config.data.masked_lm_prob == 0.15
     assert config.data.short_seq_prob == 0.1
 

@@ -297,11 +297,21 @@ def test_the_kaggle_tpu_path_without_a_bucket(runtimes, bucket):
 
 @pytest.mark.slow
 def test_the_quickstart_goes_from_nothing_to_an_export(runtimes):
-    workdir, _ = runtimes.run("07_quickstart.ipynb", "quickstart", project_dir="tpu_pretrain", vocab_size=2000,
-                              max_seq_length=64, model_size="L2-H128", train_batch_size=16, num_train_steps=20,
-                              num_warmup_steps=2, save_checkpoints_steps=10, eval_every_steps=10)
-    assert (workdir / "work" / "exports" / "quickstart" / "hf" / "model.safetensors").is_file()
+    workdir, output = runtimes.run("07_quickstart.ipynb", "quickstart", project_dir="tpu_pretrain",
+                                   max_seq_length=64, model_size="L2-H128", train_batch_size=16, num_train_steps=20,
+                                   num_warmup_steps=2, save_checkpoints_steps=10, eval_every_steps=10,
+                                   sentences="Open the [MASK] for reading.|Close the [MASK].")
+    durable = workdir / "tpu_pretrain"  # project_dir: what outlives the runtime (the work/ folder does not)
+    assert (durable / "exports" / "quickstart" / "hf" / "model.safetensors").is_file()
+    assert (durable / "quickstart_data" / "manifest.json").is_file()
     assert (workdir / "work" / "quickstart-hf.zip").is_file()
+    printed = outputs(output)
+    assert "Open the [MASK] for reading." in printed and "Close the [MASK]." in printed  # the sentences parameter
+    import nbformat
+
+    training = next(c for c in nbformat.read(output, as_version=4).cells if "nb.train(" in c.source)
+    block = next(o for o in training.outputs if "Training backend:" in json.dumps(o.get("data", {})))
+    assert "Learning rate:" in block["data"]["text/plain"]  # one block of lines, not an output (a paragraph) each
 
 
 def test_a_missing_input_a_placeholder_or_no_tpu_stops_the_notebook_early_with_what_to_do(runtimes):

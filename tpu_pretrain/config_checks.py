@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import math
 import os
 import types
@@ -16,13 +17,17 @@ from typing import Any
 
 from .errors import UserInputError
 
+log = logging.getLogger(__name__)
+
 
 class ConfigError(UserInputError):
     """A setting is unknown, malformed or inconsistent; the message names it and the fix."""
 
 
 def check_settings(config) -> None:
-    """Check each setting's range and the consistency between settings."""
+    """Check each setting's range and the consistency between settings (the model family, where none was given,
+    taken from the init checkpoint's config.json: :func:`family_from_checkpoint`)."""
+    family_from_checkpoint(config)
     _check_data(config.data, config.model)
     _check_corpus_and_vocab(config.corpus, config.vocab)
     _check_storage(config.storage)
@@ -169,6 +174,39 @@ def _check_optimizer(t) -> None:
              "session_margin_minutes, or session_hours -1 for no limit")
     _require(t.worker_wait_minutes > 0, "worker_wait_minutes", t.worker_wait_minutes, "use a positive number of "
              "minutes, e.g. 10")
+
+
+_FAMILY_OF_MODEL_TYPE = {"modernbert": "modernbert", "bert": "bert"}  # a transformers config.json's model_type
+
+
+def family_from_checkpoint(config) -> None:
+    """Take ``model_family`` from what ``init_checkpoint`` (or ``bert_config_file``) is, by its config.json's
+    model_type, as ``--model_family`` would set it (recipe included) when none was given; refuse a contradiction."""
+    m = config.model
+    for setting in ("init_checkpoint", "bert_config_file"):
+        family = _family_of(getattr(m, setting))
+        if family is None or family == m.model_family:
+            continue
+        if "model_family" in config.explicit:
+            raise ConfigError(
+                f"Setting model_family={m.model_family} contradicts {setting} {getattr(m, setting)}, whose config.json "
+                f"describes a {family} (model_type {family}): leave --model_family out (the checkpoint decides it), "
+                f"or give a {m.model_family} {setting}.")
+        config.set("model_family", family, source=f"{setting} {getattr(m, setting)}")
+        log.info("model_family=%s, from %s %s (its config.json's model_type).", family,
+                                         setting, getattr(m, setting))
+
+
+def _family_of(path: str) -> str | None:
+    """The model family a local model folder's (or config file's) config.json names; None where it names none."""
+    if not path or "://" in path:
+        return None
+    config = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        model_type = json.loads(config.read_text()).get("model_type") if config.suffix == ".json" else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return _FAMILY_OF_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
 
 
 def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:

@@ -70,7 +70,7 @@ class FolderLock:
         raise FolderLockedError(f"Could not take the lock {self.path}: other processes keep taking it.")
 
     def _take_over_if_stale(self) -> None:
-        found = _read(self.path)
+        found = read_lock(self.path)
         if found is None:
             return  # released in the meantime: try again
         holder, age = found
@@ -101,12 +101,12 @@ class FolderLock:
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
-        holder, _ = _read(self.path) or ({}, 0.0)
+        holder, _ = read_lock(self.path) or ({}, 0.0)
         if {k: holder.get(k) for k in self.me} == self.me:  # never remove a lock another process took over
             self.path.unlink(missing_ok=True)
 
 
-def _read(path: Path) -> tuple[dict, float] | None:
+def read_lock(path: Path) -> tuple[dict, float] | None:
     """The holder recorded in a lock file (empty if unreadable) and the seconds since its last heartbeat;
     None when there is no lock file."""
     try:

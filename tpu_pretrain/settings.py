@@ -85,7 +85,8 @@ class PretrainingDataConfig:
                          "with one; [PAD] [UNK] [CLS] [SEP] [MASK] required.", steps=(CREATE_DATA, TRAIN))
     max_seq_length: int = _f(128, "Tokens per sequence, [CLS] and [SEP]s included.",
                              steps=(CREATE_DATA,), pins=(DATA, RUN))
-    max_predictions_per_seq: int = _f(20, "Most masked positions per sequence (0: enough for masked_lm_prob).",
+    max_predictions_per_seq: int = _f(0, "Most masked positions per sequence; 0: as many as masking fills at "
+                                      "max_seq_length and masked_lm_prob (20 for 128 at 0.15, as BERT; 10 for 64).",
                                       steps=(CREATE_DATA,), pins=(DATA, RUN))
     masked_lm_prob: float = _f(0.15, "Fraction of real tokens masked (training shards).", steps=(CREATE_DATA, TRAIN),
                                pins=(DATA,))
@@ -106,7 +107,8 @@ class PretrainingDataConfig:
                       steps=(CREATE_DATA, TRAIN), pins=(DATA, RUN))
     chinese_whole_word: bool = _f(False, "Whole-word masking of Chinese words found by jieba.",
                                   steps=(CREATE_DATA,), pins=(DATA,))
-    num_shards: int = _f(0, "Training shards to write; 0 picks one per ~32 MB of text (at least one).",
+    num_shards: int = _f(0, "Training shards to write; 0: one per 16 MB of text, and at least 8 so that worker "
+                         "processes share the work (under 2 MB of text: one per 256 KB).",
                          steps=(CREATE_DATA,), pins=(DATA,))
     eval_fraction: float = _f(0.01, "Fraction of documents held out in separate eval shards.",
                               steps=(CREATE_DATA,), pins=(DATA,))

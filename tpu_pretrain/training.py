@@ -69,10 +69,11 @@ def backend_in_settings(settings: dict) -> str | None:
 
 
 def resolve_backend(requested: str, output_dir: str = "", config: Config | None = None) -> tuple[str, str]:
-    """``(backend, why)``: with ``auto``, the backend a run in ``output_dir`` started with, else the one backend
+    """``(backend, why)``: with ``auto`` (or that same backend, read back from the run's config.json on resume), the
+    backend a run in ``output_dir`` started with; with ``auto`` and no run, the one backend
     that offers what ``config`` asks for (:func:`.backend.required_backend`), else the machine's."""
-    recorded = recorded_backend(output_dir) if requested == AUTO and output_dir else None
-    if recorded:
+    recorded = recorded_backend(output_dir) if output_dir else None
+    if recorded and requested in (AUTO, recorded):  # a resumed run's config.json names it: nobody asked anew
         choose_backend(recorded)  # installed here?
         return recorded, "the backend this run was started with"
     required = required_backend(config) if requested == AUTO and config is not None else None

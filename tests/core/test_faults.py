@@ -48,6 +48,11 @@ def run_train(data_dir, run, steps=8, *extra, timeout=300):
     return done
 
 
+def status(run):
+    return subprocess.run([sys.executable, "-m", "tpu_pretrain", "status", str(run)], capture_output=True, text=True,
+                          timeout=120, check=True).stdout
+
+
 def checkpoint_steps(run):
     return sorted(int(p.name.split("-")[1]) for p in (Path(run) / "checkpoints").glob("ckpt-*"))
 
@@ -112,9 +117,12 @@ def test_two_trainings_on_one_folder_are_refused_and_a_dead_holder_is_taken_over
         assert second.returncode == 2
         assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr
         assert (run / "train.lock").is_file() and first.poll() is None  # the first goes on, undisturbed
+        assert f"trainer: running, pid {first.pid} on host {socket.gethostname()}, since " in status(run)
     finally:
         first.kill()
         first.wait()
+    assert f"trainer: none running (the lock {run / 'train.lock'} is left from one that stopped: process " \
+           f"{first.pid} is no longer running" in status(run)
     # SIGKILL left the lock behind: the next start sees its holder is gone, says so, and trains.
     third = run_train(data_dir, run, checkpoint_steps(run)[-1] + 2)
     assert third.returncode == 0, third.stderr[-3000:]

@@ -61,6 +61,16 @@ def test_auto_continues_a_run_on_its_own_backend(run):
     assert json.loads((folder / "config.json").read_text())["train"]["backend"] == "jax"
 
 
+def test_a_resume_says_where_its_backend_and_shapes_come_from(run):
+    folder, first, _ = run
+    assert "max_seq_length=64 and max_predictions_per_seq=10, from the data in" in first
+    assert "configuration had" not in first  # nobody set them: nothing to contradict
+    again = tpu_pretrain("train", "--output_dir", str(folder), "--num_train_steps", "2", "--session_hours", "-1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Training backend: jax (the backend this run was started with)" in again.stderr  # nobody asked for it
+    assert "(requested)" not in again.stderr
+
+
 def test_the_run_records_the_data_it_trained_on(run):
     folder, first, second = run
     recorded = Config.from_file(folder / "config.json")

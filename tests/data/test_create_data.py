@@ -315,6 +315,11 @@ def test_cli_create_data_prints_the_summary(small_vocab, tmp_path):
          "--max_predictions_per_seq", "10"], capture_output=True, text=True, env={**os.environ})
     assert result.returncode == 0, result.stderr
     assert "train: " in result.stdout and "instances" in result.stdout
+    derived = create_data_cli("--input", corpus, "--vocab_file", vocab, "--output_dir", tmp_path / "derived",
+                              "--dupe_factor", "1", "--max_seq_length", "64")  # its max_predictions from the length
+    assert derived.returncode == 0, derived.stderr
+    assert _digests(tmp_path / "derived") == _digests(tmp_path / "d")  # 10 for 64 at 0.15: the same bytes
+    assert json.loads((tmp_path / "derived" / "manifest.json").read_text())["settings"]["max_predictions_per_seq"] == 10
     bad = subprocess.run([sys.executable, "-m", "tpu_pretrain", "create-data", "--input", str(corpus),
                           "--vocab_file", vocab, "--output_dir", str(tmp_path / "x"), "--max_seq_lenght", "64"],
                          capture_output=True, text=True)
@@ -415,3 +420,13 @@ def test_ctrl_c_stops_with_a_message_and_no_traceback(small_vocab, tmp_path):
     assert process.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
     assert not (out / "manifest.json").exists()
+
+
+def test_the_automatic_shard_count_is_what_the_help_says():
+    from tpu_pretrain.data.create import auto_num_shards
+
+    said = " ".join(create_data_cli("--help").stdout.split())
+    assert "0: one per 16 MB of text, and at least 8 so that worker processes share the work (under 2 MB of text: " \
+           "one per 256 KB)" in said
+    mb = 1 << 20
+    assert [auto_num_shards(n) for n in (100_000, mb, 2 * mb, 100 * mb, 1000 * mb)] == [1, 4, 8, 8, 63]

@@ -181,13 +181,44 @@ def test_the_vocab_goes_to_the_output_folder_and_never_overwrites_a_file(tmp_pat
     assert done.returncode == 2 and "is a file, not a folder" in done.stderr
 
 
-def test_a_vocab_size_the_corpus_cannot_fill_is_reported(tmp_path):
+def test_the_advice_keeps_pieces_seen_several_times_and_is_then_silent(tmp_path):
+    """A vocab size the corpus cannot fill: the advice is the size that keeps the pieces WordPiece uses at least
+    MIN_USES times to spell the sample (counted here with the project's own tokenizer), not every piece BPE made."""
+    import collections
+    import re
+
     from tpu_pretrain.data.sample_corpus import write_sample_corpus
+    from tpu_pretrain.data.vocab import MIN_USES
 
     corpus = write_sample_corpus(tmp_path / "corpus.txt", max_chars=20_000)
     done = vocab_cli("--input", corpus, "--vocab_size", "20000", "--output_dir", tmp_path)
     assert done.returncode == 0, done.stderr
-    padding = sum(t.startswith("[unused") for t in load_vocab(tmp_path / "vocab.txt")) - 100
-    assert padding > 15000
-    assert f"so {padding} of the 20000 tokens are extra [unusedN] placeholders" in " ".join(done.stdout.split())
-    assert f"Use --vocab_size {20000 - padding} (or less)" in done.stdout
+    out = " ".join(done.stdout.split())
+    tokens = load_vocab(tmp_path / "vocab.txt")
+    padding = sum(t.startswith("[unused") for t in tokens) - 100
+    assert padding > 15000 and f"and {padding} of the 20000 tokens are extra [unusedN] placeholders" in out
+    pieces = int(re.search(r"\+ (\d+) SentencePiece pieces", out)[1])
+    tokenizer = load_tokenizer(str(tmp_path / "vocab.txt"))
+    uses = collections.Counter(t for line in _sample_lines(corpus) for t in tokenizer.tokenize(line))
+    first_piece = len(tokens) - padding - pieces
+    rare = sum(uses[t] < MIN_USES for t in tokens[first_piece:first_piece + pieces])
+    assert f"{rare} of the {pieces} pieces occur fewer than {MIN_USES} times" in out
+    advised = 20000 - padding - rare
+    assert f"Use --vocab_size {advised} (keeps the pieces seen at least {MIN_USES} times)" in out
+    assert advised < (20000 - padding) / 2  # the old advice kept every piece, most of them seen once or twice
+    again = vocab_cli("--input", corpus, "--vocab_size", advised, "--output_dir", tmp_path / "advised")
+    assert again.returncode == 0 and "warning" not in again.stdout, again.stdout  # the advice taken: no more said
+
+
+@needs_corpora
+def test_the_summary_names_only_the_character_forms_the_vocab_has(tmp_path):
+    """Chinese text with no Latin words has no ##character tokens: the summary must not claim any."""
+    han = [line for line in ZH_FORTUNES.read_text(encoding="utf-8").splitlines()
+           if line and all("\u4e00" <= ch <= "\u9fff" or unicodedata.category(ch).startswith("P") for ch in line)]
+    (tmp_path / "han.txt").write_text("\n".join(han[:3000]) + "\n", encoding="utf-8")
+    done = vocab_cli("--input", tmp_path / "han.txt", "--vocab_size", "4000", "--output_dir", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not any(t.startswith("##") for t in load_vocab(tmp_path / "vocab.txt")) and "##" not in done.stdout
+    english = vocab_cli("--input", BERT_SAMPLE, "--vocab_size", "1000", "--output_dir", tmp_path / "en")
+    continuation = sum(t.startswith("##") and len(t) == 3 for t in load_vocab(tmp_path / "en" / "vocab.txt"))
+    assert continuation and f" plain, {continuation} ##) + " in english.stdout

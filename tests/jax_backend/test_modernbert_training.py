@@ -241,6 +241,25 @@ def test_continued_pretraining_from_a_transformers_folder(data, jax_cache, tmp_p
         RunPlan.resolve(Config.load(**{**settings, "init_checkpoint": str(other)}))
 
 
+def test_the_family_is_taken_from_a_transformers_folder(data, tmp_path, capsys):
+    """--init_checkpoint of a ModernBERT folder alone trains a ModernBERT (its config.json says so); only a
+    --model_family that contradicts it is refused."""
+    from tpu_pretrain.cli import build_parser, config_from_args
+    from tpu_pretrain.config import step_settings
+    from tpu_pretrain.core.resolve import RunPlan
+
+    folder = tmp_path / "released"
+    save_transformers_modernbert(folder, data / "vocab.txt")
+    argv = ["train", "--init_checkpoint", str(folder), "--data_dir", str(data / "data"), "--output_dir",
+            str(tmp_path / "run"), "--train_batch_size", "8"]
+    plan = RunPlan.resolve(config_from_args(build_parser().parse_args(argv), step_settings("train")))
+    assert plan.family == "modernbert" and plan.config.data.recipe == "modern" and plan.model_config.hidden_size == 64
+    assert main([*argv, "--model_family", "bert"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"model_family=bert contradicts init_checkpoint {folder}, whose config.json describes a modernbert" in said
+    assert not (tmp_path / "run").exists()
+
+
 def test_what_a_modernbert_run_refuses(data, reference, tmp_path, capsys):
     from tpu_pretrain.training import train
 

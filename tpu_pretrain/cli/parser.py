@@ -90,8 +90,22 @@ def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
     return Config.load(base, **overrides)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An error comes first, with a one-line usage: a subcommand's full usage (train: about 60 lines of flags)
+    would push the message, and its did-you-mean, off the screen."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:  # a mistyped command (or choice): the one meant, if one is close
+            close = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1, cutoff=0.6)
+            message += f" (did you mean {close[0]}?)" if close else ""
+        usage = (self.format_usage().strip() if self._subparsers is not None else  # the top level's is short
+                 f"usage: {self.prog} [flags]; `{self.prog} --help` lists them.")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n{usage}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tpu-pretrain",
         description="Pretrain BERT-family masked language models on TPU, GPU or CPU.",
         epilog=EXIT_CODES,

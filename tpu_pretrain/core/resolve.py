@@ -104,11 +104,18 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
     resumed run on another machine would otherwise read (:func:`run_vocab` resolves the one to use).
     """
     resolved = copy.deepcopy(config)
+    taken = []
     for key, value in (("max_seq_length", data.max_seq_length),
                        ("max_predictions_per_seq", data.max_predictions_per_seq)):
         if config.get(key) != value:
-            log.info("Using the data's %s=%s (configuration had %s).", key, value, config.get(key))
+            if key in config.explicit and config.get(key):  # asked for by name (0: "derive it") and not had
+                log.warning("%s=%s was set, but the data in %s was made with %s=%s: the run uses the data's.",
+                            key, config.get(key), data.data_dir, key, value)
+            else:
+                taken.append(f"{key}={value}")
             resolved.set(key, value)
+    if taken:
+        log.info("%s, from the data in %s.", " and ".join(taken), data.data_dir)
     if data.settings.get("no_nsp"):
         resolved.data.no_nsp = True
     for key, value in data_made_with(config, data).items():

@@ -8,6 +8,7 @@ from ..formatting import hms
 from .checkpoints import DAMAGED, list_checkpoints, verify
 from .mirror import CAUSES, CheckpointMirror, mirror_state
 from .run_folder import RunFolder
+from .run_lock import trainer_line
 
 
 def run_status(run_dir: str | os.PathLike) -> str:
@@ -19,7 +20,7 @@ def run_status(run_dir: str | os.PathLike) -> str:
     checked = [(c, verify(c)) for c in list_checkpoints(run.checkpoints)]
     newest = next((c for c, problem in checked if problem is None), None)
     damaged = [f"{c.name} ({problem})" for c, problem in checked if problem is not None]
-    lines = [f"run: {run.path.resolve()}"]
+    lines = [f"run: {run.path.resolve()}", trainer_line(run.lock_file)]
     if damaged:
         lines.append(f"damaged checkpoints: {'; '.join(damaged)}")
     set_aside = sorted(p.name for p in (run.checkpoints / DAMAGED).glob("*")) if run.checkpoints.is_dir() else []

@@ -266,7 +266,8 @@ def _worker_pool(stack: contextlib.ExitStack, workers: int) -> ShardPool:
 
 
 def auto_num_shards(corpus_bytes: int) -> int:
-    """About 16 MB of text a shard, and up to 8 shards (for parallel workers) once the corpus passes 256 KB."""
+    """One shard per 16 MB of text, and at least 8 (one per 256 KB under 2 MB of text), so that worker processes
+    share the work; the num_shards setting's help says the same."""
     return max(1, min(8, math.ceil(corpus_bytes / (256 << 10))), math.ceil(corpus_bytes / SHARD_TARGET_BYTES))
 
 

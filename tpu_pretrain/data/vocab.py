@@ -121,6 +121,9 @@ def _vocab_source(vocab_file: str | os.PathLike) -> Path:
     return path / VOCAB if path.is_dir() else path
 
 
+MIN_USES = 5  # a piece the sample's tokenisation uses fewer times is hardly learnt: an embedding spent on noise
+
+
 @dataclass
 class VocabResult:
     path: str
@@ -131,19 +134,26 @@ class VocabResult:
     unused: int
     corpus_report: str
     padding: int = 0  # [unusedN] added because the sample yielded too few pieces for vocab_size
+    continuation_characters: int = 0  # of ``characters``, the ##c forms
+    rare_pieces: int = 0  # pieces the sample's tokenisation uses fewer than MIN_USES times
 
     def summary(self) -> str:
+        plain = self.characters - self.continuation_characters
+        characters = (f"{self.characters} characters ({plain} plain, {self.continuation_characters} ##)"
+                      if self.continuation_characters else f"{self.characters} characters")
         text = (
             f"Wrote {self.path}: {self.vocab_size} tokens = 5 special + {self.unused} [unusedN] + "
-            f"{self.characters} characters (plain and ##) + {self.pieces} SentencePiece pieces, "
+            f"{characters} + {self.pieces} SentencePiece pieces, "
             f"from a sample of {self.sample_lines} lines.\nCorpus: {self.corpus_report}"
         )
-        if self.padding:
+        if self.padding or self.rare_pieces > self.pieces // 4:
+            padded = (f"; and {self.padding} of the {self.vocab_size} tokens are extra [unusedN] placeholders the "
+                      "model never sees, as the sample yielded no more pieces" if self.padding else "")
             text += (
-                f"\nwarning: the sample yielded only {self.pieces} pieces, so {self.padding} of the "
-                f"{self.vocab_size} tokens are extra [unusedN] placeholders the model will never see in this "
-                f"corpus. Use --vocab_size {self.vocab_size - self.padding} (or less), or give more text "
-                "(more --input, a larger --vocab_sample_lines)."
+                f"\nwarning: {self.rare_pieces} of the {self.pieces} pieces occur fewer than {MIN_USES} times in the "
+                f"tokenised sample, too few to learn them from{padded}. Use --vocab_size "
+                f"{self.vocab_size - self.padding - self.rare_pieces} (keeps the pieces seen at least {MIN_USES} "
+                "times), or give more text (more --input, a larger --vocab_sample_lines)."
             )
         return text
 
@@ -172,8 +182,29 @@ def build_vocab(config, overwrite: bool = False) -> VocabResult:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, "\n".join(tokens) + "\n")
     unused = sum(t.startswith("[unused") for t in tokens)
+    first_piece = len(tokens) - (unused - v.num_unused_tokens) - n_pieces
+    uses = token_uses(tokens, words_per_line)
     return VocabResult(str(out), len(tokens), len(sample), n_chars, n_pieces, unused, reader.stats.report(),
-                       padding=unused - v.num_unused_tokens)
+                       padding=unused - v.num_unused_tokens,
+                       continuation_characters=sum(t.startswith("##") for t in tokens[:first_piece]),
+                       rare_pieces=sum(n < MIN_USES for n in uses[first_piece:first_piece + n_pieces]))
+
+
+def token_uses(tokens: list[str], words_per_line: list[list[str]]) -> list[int]:
+    """How often WordPiece uses each token to spell the sample: a piece merged on the way to a longer one may be
+    used rarely, or never."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = collections.Counter(word for words in words_per_line for word in words)
+    tokenizer = Tokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
+                                           max_input_chars_per_word=100))  # BERT's, as the data's tokenizer
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    distinct = list(words)
+    uses = [0] * len(tokens)
+    for word, encoding in zip(distinct, tokenizer.encode_batch(distinct, add_special_tokens=False), strict=True):
+        for i in encoding.ids:
+            uses[i] += words[word]
+    return uses
 
 
 def pretokenize(lines: list[str], do_lower_case: bool) -> list[list[str]]:

@@ -5,7 +5,9 @@ run measured it: ``step 1200/100000: loss ..., lr ..., steps/s, sequences/s, MFU
 1000``. The bar starts at the first step the process reports, so a resumed run's bar does not leap from 0, and
 has no rate or ETA of its own: tqdm would count the resumed steps as done in an instant (``482103.91 step/s``).
 The line is shown whole, never cut: in a notebook it is updated in place under the bar (a display handle); in
-a terminal, printed as it comes.
+a terminal, printed as it comes. The process's other lines (:class:`StreamedLines`) go into one block of text in a
+notebook, not an output each: a saved notebook (Kaggle's versions, papermill, GitHub) shows separate outputs spaced
+apart, so a log printed line by line read double-spaced.
 """
 
 from __future__ import annotations
@@ -66,3 +68,30 @@ class TrainingProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class StreamedLines:
+    """A process's lines: in a notebook, one block of text updated in place (a new block once ``progress`` has shown
+    something after it, or past ``BLOCK_LINES``, so the order stays as it came); elsewhere printed as they come."""
+
+    BLOCK_LINES = 200
+
+    def __init__(self, progress: TrainingProgress | None = None):
+        self.progress = progress
+        self.handle = None
+        self.lines: list[str] = []
+        self.shown_after = None  # the progress line's display when this block began
+
+    def add(self, line: str) -> None:
+        if not in_notebook():
+            print(line, flush=True)
+            return
+        from IPython.display import Pretty, display
+
+        progress = self.progress.handle if self.progress is not None else None
+        if self.handle is None or progress is not self.shown_after or len(self.lines) >= self.BLOCK_LINES:
+            self.lines, self.shown_after = [line], progress
+            self.handle = display(Pretty(line), display_id=True)
+        else:
+            self.lines.append(line)
+            self.handle.update(Pretty("\n".join(self.lines)))

@@ -30,7 +30,7 @@ from ..storage import drive
 from ..training import recorded_backend
 from . import places
 from .params import Parameters
-from .progress import TrainingProgress
+from .progress import StreamedLines, TrainingProgress
 from .views import LiveCurves
 
 # Settings the notebook decides itself (where things are); the others are passed on as they were set.
@@ -205,10 +205,11 @@ def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=dict(env, PYTHONUNBUFFERED="1"))
     progress, last_refresh = TrainingProgress(), time.monotonic()
+    printed = StreamedLines(progress)
     try:
         for line in process.stdout:
             if not progress.feed(line):
-                print(line.rstrip(), flush=True)
+                printed.add(line.rstrip())
             if curves is not None and time.monotonic() - last_refresh > refresh_seconds:
                 curves.refresh()
                 last_refresh = time.monotonic()
@@ -216,7 +217,7 @@ def stream(command: list[str], curves: LiveCurves | None, refresh_seconds: float
         process.send_signal(signal.SIGINT)
         print("Interrupted: saving a checkpoint and stopping...", flush=True)
         for line in process.stdout:
-            print(line.rstrip(), flush=True)
+            printed.add(line.rstrip())
     finally:
         progress.close()
     if curves is not None:
