@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserInputError
+from .models.families import FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,6 @@ def _check_optimizer(t) -> None:
              "minutes, e.g. 10")
 
 
-_FAMILY_OF_MODEL_TYPE = {"modernbert": "modernbert", "bert": "bert"}  # a transformers config.json's model_type
 
 
 def family_from_checkpoint(config) -> None:
@@ -206,7 +206,7 @@ def _family_of(path: str) -> str | None:
         model_type = json.loads(config.read_text()).get("model_type") if config.suffix == ".json" else None
     except (OSError, ValueError, AttributeError):
         return None
-    return _FAMILY_OF_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+    return next((f.name for f in FAMILIES.values() if f.model_type == model_type), None)
 
 
 def masked_budget(max_seq_length: int, masked_lm_prob: float) -> int:

@@ -26,16 +26,17 @@ class ModelFamily:
     stored_names: str  # whose names and layout its weights are stored under, in checkpoints and exports
     training_flops: Callable  # (model config, max_seq_length, max_predictions_per_seq) -> FLOPs of one sequence
     backends: tuple[str, ...]  # the training backends that build it (backend.py's names)
+    model_type: str  # what a transformers config.json of this family says it is
 
     def __str__(self) -> str:
         return self.name
 
 
 BERT = ModelFamily("bert", "BERT", bert_config.BertConfig, "bert_config.json", True, "Google's checkpoint names",
-                   bert_config.training_flops_per_sequence, ("tensorflow", "jax"))
+                   bert_config.training_flops_per_sequence, ("tensorflow", "jax"), "bert")
 MODERNBERT = ModelFamily("modernbert", "ModernBERT", modernbert_config.ModernBertConfig, "modernbert_config.json",
                          False, "transformers' ModernBertForMaskedLM state-dict names",
-                         modernbert_config.training_flops_per_sequence, ("jax",))
+                         modernbert_config.training_flops_per_sequence, ("jax",), "modernbert")
 FAMILIES = {family.name: family for family in (BERT, MODERNBERT)}
 
 
