@@ -34,6 +34,7 @@ HUB_SOURCE = f"hf://datasets/{HUB_DATASET}"  # what --blimp alone means
 BLIMP_FILE = "blimp.json"
 REQUIRED = ("sentence_good", "sentence_bad", "UID")
 BATCH_ROWS = 256  # masked copies per model call: one compiled shape, the last batch padded
+LENGTH_STEP = 16  # sentences are scored at a multiple of this length (one model, one compiled shape each)
 UNK_WARNING = 0.05  # share of BLiMP's tokens that are [UNK] above which the figures are said to mean little
 
 
@@ -220,8 +221,13 @@ def evaluate_blimp(trained: TrainedModel, pairs: list[Pair], source: str = HUB_S
         raise UserInputError(f"No BLiMP pair fits the model's {trained.max_seq_length} tokens.")
     sentences = [sentences[i] for n in kept for i in (2 * n, 2 * n + 1)]
     pairs = [pairs[n] for n in kept]
-    length = min(trained.max_seq_length, -(-max(map(len, sentences)) // 8) * 8)
-    scores = pseudo_log_likelihoods(scoring_model(trained, length), sentences, tokenizer.mask_id, batch_rows)
+    scores = np.zeros(len(sentences))
+    buckets = defaultdict(list)  # sentences by the length they are scored at: a short one costs no long one's time
+    for n, ids in enumerate(sentences):
+        buckets[min(trained.max_seq_length, -(-len(ids) // LENGTH_STEP) * LENGTH_STEP)].append(n)
+    for length, members in sorted(buckets.items()):
+        scores[members] = pseudo_log_likelihoods(scoring_model(trained, length), [sentences[n] for n in members],
+                                                 tokenizer.mask_id, batch_rows)
     same = np.array([sentences[2 * n] == sentences[2 * n + 1] for n in range(len(pairs))])  # e.g. both [UNK]
     right = (scores[0::2] > scores[1::2]) & ~same
     result = BlimpResult(trained.weights, trained.step, str(source), len(pairs), int(right.sum()),
