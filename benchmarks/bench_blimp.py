@@ -8,6 +8,11 @@ subset in tests/export (give BLiMP's data/ folder, github.com/alexwarstadt/blimp
 ``--pairs`` pairs of each phenomenon are scored by the run's model and by ``--seeds`` random initialisations of its
 shape; printed: accuracy overall and per field for each, pairs per second, and the 95% interval of a coin's
 accuracy on that many pairs (what "beats chance" must clear), then the phenomena where the trained model differs most.
+
+Measured (2-core shared CPU, the demo's BERT L2-H128 after 800 steps on 0.47 MB of docstrings; all 67 phenomena,
+15 pairs each): trained 0.552, random init 0.499, a coin 0.5 +- 0.031. Barely above chance, and not grammar: its
+phenomena are mostly all-or-nothing (wh_vs_that_no_gap 1.000, wh_vs_that_with_gap 0.000), a preference for one
+word of the pair whichever sentence is grammatical; morphology (agreement) is below chance (0.43).
 """
 
 from __future__ import annotations
