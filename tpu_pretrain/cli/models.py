@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..config import EVALUATE, Config, step_settings
 from ..errors import UserInputError
@@ -26,6 +27,12 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true", help="Read every eval record (ignore max_eval_steps).")
     parser.add_argument("--output", help="Results JSON file, or a folder to write evaluation.json in (default: "
                         "RUN/evaluation.json).")
+    parser.add_argument("--blimp", nargs="?", const="hf://datasets/nyu-mll/blimp", metavar="PATH",
+                        help="Also score BLiMP's English minimal pairs by pseudo-log-likelihood (accuracy per "
+                        "phenomenon, field and overall, in blimp.json beside evaluation.json): PATH is a folder of "
+                        "BLiMP's .jsonl files or one file; alone, read from the Hugging Face Hub (needs datasets).")
+    parser.add_argument("--blimp_pairs", type=int, metavar="N", help="BLiMP: the first N pairs of each phenomenon "
+                        "(default: all 1,000; on a CPU a small model scores a few hundred pairs a second).")
 
 
 @command("evaluate", "Held-out MLM loss/accuracy/perplexity and NSP accuracy of a run's newest (or chosen) "
@@ -35,10 +42,20 @@ def _evaluate(config: Config, args: argparse.Namespace) -> int:
     from ..export.evaluate import evaluate
     from ..export.plots import plot_run
 
+    trained = blimp = None
+    if args.blimp is not None:  # the pairs read first: a wrong PATH is said before the slow work
+        from ..export import blimp
+        from ..export.rebuild import load_trained_model
+
+        pairs = blimp.load_pairs(args.blimp, args.blimp_pairs)
+        trained = load_trained_model(args.run, args.checkpoint)
     result = evaluate(args.run, args.checkpoint, sentences=args.sentence, top_k=args.top_k,
                       data_dir=args.data_dir, max_eval_steps=0 if args.all else args.max_eval_steps,
-                      eval_batch_size=args.eval_batch_size, output=args.output)
+                      eval_batch_size=args.eval_batch_size, output=args.output, trained=trained)
     print(result.summary())
+    if blimp is not None:
+        beside = Path(result.path).with_name(blimp.BLIMP_FILE) if result.path else None  # beside evaluation.json
+        print(blimp.evaluate_blimp(trained, pairs, args.blimp, beside).summary())
     try:
         print(f"  curves: {plot_run(args.run)}")
     except UserInputError as exc:

@@ -1,0 +1,244 @@
+"""Does the model know English grammar? BLiMP's minimal pairs scored by pseudo-log-likelihood.
+
+BLiMP (Warstadt et al. 2020; CC BY) holds 67 phenomena of 1,000 pairs, each a grammatical sentence and an
+ungrammatical one that differ minimally. A masked LM scores a sentence by its pseudo-log-likelihood (Salazar et
+al. 2020): every token masked in turn, the log-probability of the token summed; a pair is right when the
+grammatical sentence scores strictly higher (chance is 50%). The pairs come from a local copy (a folder of
+BLiMP's ``.jsonl`` files, or one file) or from the Hub (``nyu-mll/blimp``, with ``datasets``). The masked
+copies go through the run's own model (:class:`..core.inference.InferenceModel`), rebuilt at the length the
+sentences need, so it works for either backend and family; results go to ``blimp.json`` beside evaluation.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.inference import InferenceModel
+from ..data.tokenization import load_tokenizer
+from ..errors import UserInputError
+from ..storage.local import write_text_atomic
+from .rebuild import TrainedModel, build_inference
+
+log = logging.getLogger(__name__)
+
+HUB_DATASET = "nyu-mll/blimp"
+HUB_SOURCE = f"hf://datasets/{HUB_DATASET}"  # what --blimp alone means
+BLIMP_FILE = "blimp.json"
+REQUIRED = ("sentence_good", "sentence_bad", "UID")
+BATCH_ROWS = 256  # masked copies per model call: one compiled shape, the last batch padded
+LENGTH_STEP = 16  # sentences are scored at a multiple of this length (one model, one compiled shape each)
+UNK_WARNING = 0.05  # share of BLiMP's tokens that are [UNK] above which the figures are said to mean little
+
+
+@dataclass(frozen=True)
+class Pair:
+    good: str
+    bad: str
+    uid: str
+    field: str = ""
+    term: str = ""
+
+
+# -- reading the pairs ----------------------------------------------------------------------------------
+def _pair(row: dict, where: str) -> Pair:
+    missing = [k for k in REQUIRED if not isinstance(row.get(k), str) or not row.get(k)]
+    if missing:
+        raise UserInputError(f"{where}: a BLiMP pair needs {', '.join(REQUIRED)} (text); {', '.join(missing)} "
+                             "missing or empty. Use BLiMP's own .jsonl files (data/ of github.com/alexwarstadt/blimp).")
+    return Pair(row["sentence_good"], row["sentence_bad"], row["UID"], row.get("field") or "",
+                row.get("linguistics_term") or "")
+
+
+def read_local(path: str | os.PathLike, per_phenomenon: int | None = None) -> list[Pair]:
+    """The pairs of a BLiMP ``.jsonl`` file, or of every ``.jsonl`` in a folder (name order); at most
+    ``per_phenomenon`` (the first ones) of each UID."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"))
+        if not files:
+            raise UserInputError(f"--blimp {path}: no .jsonl files in this folder. Give BLiMP's data/ folder "
+                                 "(github.com/alexwarstadt/blimp) or one of its files.")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise UserInputError(f"--blimp {path} does not exist: give a folder of BLiMP's .jsonl files or one file, or "
+                             "--blimp alone to read it from the Hugging Face Hub.")
+    pairs, counts = [], defaultdict(int)
+    for file in files:
+        with open(file, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserInputError(f"{file}, line {number}: not JSON ({exc.msg}).") from None
+                if not isinstance(row, dict):
+                    raise UserInputError(f"{file}, line {number}: a BLiMP pair is a JSON object.")
+                pair = _pair(row, f"{file}, line {number}")
+                if per_phenomenon is None or counts[pair.uid] < per_phenomenon:
+                    counts[pair.uid] += 1
+                    pairs.append(pair)
+    if not pairs:
+        raise UserInputError(f"--blimp {path}: no pairs in {', '.join(str(f) for f in files[:3])}.")
+    return pairs
+
+
+def read_hub(per_phenomenon: int | None = None) -> list[Pair]:
+    """Every phenomenon of ``nyu-mll/blimp`` (one config each) through ``datasets``, which caches the download."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserInputError(f"--blimp without a PATH reads BLiMP from the Hugging Face Hub ({HUB_DATASET}) with the "
+                             "datasets library, which is not installed: pip install datasets, or pass --blimp PATH "
+                             "(a folder of BLiMP's .jsonl files: data/ of github.com/alexwarstadt/blimp).") from None
+    split = f"train[:{per_phenomenon}]" if per_phenomenon else "train"
+    pairs = []
+    try:
+        for uid in datasets.get_dataset_config_names(HUB_DATASET):
+            rows = datasets.load_dataset(HUB_DATASET, uid, split=split)
+            pairs += [_pair(row, f"{HUB_DATASET}/{uid}") for row in rows]
+    except (OSError, ConnectionError, ValueError) as exc:
+        raise UserInputError(f"Could not read {HUB_DATASET} from the Hub ({type(exc).__name__}: {exc}). Without a "
+                             "network, pass --blimp PATH (a folder of BLiMP's .jsonl files).") from None
+    return pairs
+
+
+def load_pairs(source: str | os.PathLike = HUB_SOURCE, per_phenomenon: int | None = None) -> list[Pair]:
+    """BLiMP's pairs from ``source``: a ``.jsonl`` file or a folder of them, or :data:`HUB_SOURCE` (the Hub)."""
+    if per_phenomenon is not None and per_phenomenon < 1:
+        raise UserInputError(f"--blimp_pairs {per_phenomenon}: give a number of pairs per phenomenon >= 1.")
+    if str(source) == HUB_SOURCE:
+        return read_hub(per_phenomenon)
+    if str(source).startswith("hf://"):
+        raise UserInputError(f"--blimp {source}: BLiMP on the Hub is {HUB_SOURCE} (--blimp alone reads it).")
+    return read_local(source, per_phenomenon)
+
+
+# -- pseudo-log-likelihood ---------------------------------------------------------------------------------
+def pseudo_log_likelihoods(model: InferenceModel, sentences: list[list[int]], mask_id: int,
+                           batch_rows: int = BATCH_ROWS) -> np.ndarray:
+    """Per sentence (token ids with its [CLS] and [SEP]): the sum over its other tokens of log p(token) with that
+    token masked. Every masked copy is one row; rows go ``batch_rows`` at a time through ``model.outputs``."""
+    seq, pred = model.max_seq_length, model.max_predictions_per_seq
+    rows = [(s, i) for s, ids in enumerate(sentences) for i in range(1, len(ids) - 1)]
+    scores = np.zeros(len(sentences))
+    for start in range(0, len(rows), batch_rows):
+        chunk = rows[start:start + batch_rows]
+        ids = np.zeros((batch_rows, seq), np.int32)
+        positions = np.zeros((batch_rows, pred), np.int32)
+        targets = np.zeros(len(chunk), np.int64)
+        for r, (s, i) in enumerate(chunk):
+            ids[r, :len(sentences[s])] = sentences[s]
+            targets[r] = sentences[s][i]
+            ids[r, i] = mask_id
+            positions[r, 0] = i
+        logits = model.outputs(ids, np.zeros_like(ids), positions)[0][:len(chunk), 0].astype(np.float64)
+        peak = logits.max(axis=-1)
+        log_norm = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=-1))
+        np.add.at(scores, [s for s, _ in chunk], logits[np.arange(len(chunk)), targets] - log_norm)
+    return scores
+
+
+def scoring_model(trained: TrainedModel, length: int) -> InferenceModel:
+    """The trained model at ``length`` tokens and one prediction a row (BLiMP's sentences are short: a run's
+    128 or 512 would cost many times more), its weights copied by name; the model itself where it already fits."""
+    model = trained.model
+    if model.max_seq_length == length and model.max_predictions_per_seq == 1:
+        return model
+    short = build_inference(model.backend, model.config, length, 1, model.with_nsp)
+    short.load_google_weights(model.google_weights(), trained.weights)
+    return short
+
+
+# -- the evaluation ------------------------------------------------------------------------------------------
+@dataclass
+class BlimpResult:
+    """Accuracy per phenomenon (UID), per field and overall, and which weights they describe."""
+
+    weights: str
+    step: int | None
+    source: str
+    pairs: int
+    correct: int
+    accuracy: float
+    ties: int  # pairs whose two sentences tokenize alike (wrong: the model cannot prefer either)
+    unk_share: float
+    skipped: int
+    by_phenomenon: dict = field(default_factory=dict)
+    by_field: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    path: str | None = None
+
+    def summary(self, phenomena: bool = True) -> str:
+        where = f"step {self.step}" if self.step is not None else self.weights
+        lines = [f"BLiMP ({self.source}) of {where}: {self.accuracy:.4f} of {self.pairs} pairs right "
+                 f"(chance 0.5; {self.ties} pairs the vocab cannot tell apart counted wrong; [UNK] "
+                 f"{self.unk_share:.1%} of tokens"
+                 + (f"; {self.skipped} pairs too long skipped" if self.skipped else "") + ")"]
+        lines += [f"  {name:<18} {v['accuracy']:.4f} ({v['pairs']} pairs)" for name, v in self.by_field.items()]
+        if phenomena:
+            lines += [f"    {uid:<58} {v['accuracy']:.4f} ({v['pairs']})" for uid, v in self.by_phenomenon.items()]
+        if self.path:
+            lines.append(f"  written to {self.path}")
+        return "\n".join(lines)
+
+
+def _tally(pairs: list[Pair], right: np.ndarray, key) -> dict:
+    groups = defaultdict(list)
+    for pair, ok in zip(pairs, right, strict=True):
+        groups[key(pair)].append(ok)
+    return {name: {"pairs": len(oks), "correct": int(sum(oks)), "accuracy": float(np.mean(oks))}
+            for name, oks in sorted(groups.items())}
+
+
+def evaluate_blimp(trained: TrainedModel, pairs: list[Pair], source: str = HUB_SOURCE,
+                   output: str | os.PathLike | None = None, batch_rows: int = BATCH_ROWS) -> BlimpResult:
+    """Score every pair with the trained model; write ``output`` (a JSON file) when given."""
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(trained.vocab_file, trained.do_lower_case)
+    encoded = tokenizer.encode_batch([s for p in pairs for s in (p.good, p.bad)])
+    sentences = [[tokenizer.cls_id, *map(int, ids), tokenizer.sep_id] for ids in encoded]
+    tokens = sum(len(s) - 2 for s in sentences)
+    unk_share = sum(int(np.sum(np.asarray(ids) == tokenizer.unk_id)) for ids in encoded) / max(tokens, 1)
+    if unk_share > UNK_WARNING:
+        log.warning("The vocab %s makes %.0f%% of BLiMP's tokens [UNK]: BLiMP is English, and these figures say "
+                    "little about a model whose vocab cannot spell it.", trained.vocab_file, 100 * unk_share)
+    fits = [max(len(sentences[2 * n]), len(sentences[2 * n + 1])) <= trained.max_seq_length for n in range(len(pairs))]
+    if not all(fits):
+        log.warning("%d BLiMP pairs are longer than the model's %d tokens: skipped.", fits.count(False),
+                    trained.max_seq_length)
+    kept = [n for n, ok in enumerate(fits) if ok]
+    if not kept:
+        raise UserInputError(f"No BLiMP pair fits the model's {trained.max_seq_length} tokens.")
+    sentences = [sentences[i] for n in kept for i in (2 * n, 2 * n + 1)]
+    pairs = [pairs[n] for n in kept]
+    scores = np.zeros(len(sentences))
+    buckets = defaultdict(list)  # sentences by the length they are scored at: a short one costs no long one's time
+    for n, ids in enumerate(sentences):
+        buckets[min(trained.max_seq_length, -(-len(ids) // LENGTH_STEP) * LENGTH_STEP)].append(n)
+    for length, members in sorted(buckets.items()):
+        scores[members] = pseudo_log_likelihoods(scoring_model(trained, length), [sentences[n] for n in members],
+                                                 tokenizer.mask_id, batch_rows)
+    same = np.array([sentences[2 * n] == sentences[2 * n + 1] for n in range(len(pairs))])  # e.g. both [UNK]
+    right = (scores[0::2] > scores[1::2]) & ~same
+    result = BlimpResult(trained.weights, trained.step, str(source), len(pairs), int(right.sum()),
+                         float(right.mean()), int(same.sum()), unk_share, fits.count(False))
+    result.by_phenomenon = _tally(pairs, right, lambda p: p.uid)
+    for uid, values in result.by_phenomenon.items():
+        first = next(p for p in pairs if p.uid == uid)
+        values.update(field=first.field, linguistics_term=first.term)
+    result.by_field = _tally(pairs, right, lambda p: p.field or "(no field)")
+    result.seconds = time.perf_counter() - started
+    if output is not None:
+        result.path = str(output)
+        write_text_atomic(output, json.dumps(asdict(result), indent=2) + "\n")
+    return result
