@@ -60,6 +60,9 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     explicit: set[str] = field(default_factory=set, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self.apply_recipe()  # the default recipe (modern) sets its settings, as a recipe given by name would
+
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Config:
@@ -105,9 +108,9 @@ class Config:
         choices = all_fields()[key].metadata.get("choices")
         setattr(getattr(self, section), key, coerce(key, value, _FIELD_TYPES[key], choices, source))
         self.explicit.add(key)
-        if key == "model_family" and "recipe" not in self.explicit:  # ModernBERT is trained the modern way
-            self.data.recipe = "modern" if self.model.model_family == "modernbert" else "classic"
-        if key in ("recipe", "model_family"):
+        if key in ("model_family", "init_checkpoint") and "recipe" not in self.explicit:
+            self.data.recipe = default_recipe(self.model.model_family, self.model.init_checkpoint)
+        if key in ("recipe", "model_family", "init_checkpoint"):
             self.apply_recipe()
 
     def apply_recipe(self) -> None:
@@ -141,6 +144,35 @@ class Config:
         """Check each setting and the consistency between them; raise :class:`ConfigError` naming setting and fix."""
         check_settings(self)
         return self
+
+
+def default_recipe(model_family: str, init_checkpoint: str) -> str:
+    """Modern from scratch (and for ModernBERT); classic where a BERT init_checkpoint (a Google or Hugging Face
+    release) is continued the way it was trained."""
+    if model_family == "modernbert" or not init_checkpoint:
+        return "modern"
+    from .core.modernbert_config import is_modernbert_folder
+
+    return "modern" if is_modernbert_folder(init_checkpoint) else "classic"
+
+
+def recipe_line(config: Config) -> str:
+    """The one line ``train`` and ``create-data`` start with: the recipe, why it is the one, how to change it."""
+    recipe, other = config.data.recipe, "classic" if config.data.recipe == "modern" else "modern"
+    if "recipe" in config.explicit:
+        why = "as configured"
+    elif config.model.model_family == "modernbert":
+        why, other = "ModernBERT's", ""
+    elif recipe == "classic":
+        why = f"the default when continuing init_checkpoint {config.model.init_checkpoint}, as it was trained"
+    else:
+        why = "the default for training from scratch"
+    change = f"; --recipe {other} for {RECIPE_NAMES[other]}" if other else ""
+    return f"Recipe: {recipe} ({why}: {RECIPE_NAMES[recipe]}){change}."
+
+
+RECIPE_NAMES = {"modern": "packed MLM-only sequences, 30% masking, no dropout, AdamW beta2 0.98, warmup-stable-decay",
+                "classic": "Google's BERT recipe, with next-sentence pairs"}
 
 
 def all_fields() -> dict[str, dataclasses.Field]:

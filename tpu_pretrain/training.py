@@ -111,5 +111,6 @@ def recipe_settings(config: Config) -> dict[str, str]:
     """The settings a recipe set (not given by name), with where they came from, for messages about them."""
     if config.data.recipe != "modern":
         return {}
-    source = "--recipe modern" if "recipe" in config.explicit else f"--model_family {config.model.model_family}"
+    source = ("--recipe modern" if "recipe" in config.explicit else "--model_family modernbert"
+              if config.model.model_family == "modernbert" else "the default recipe, modern")
     return {key: source for key in MODERN_RECIPE if key not in config.explicit}
