@@ -43,6 +43,7 @@ FEATURES = {
 
 
 FEW_EVAL_SEQUENCES = 300  # a held-out split smaller than this gives figures too noisy to compare runs by
+MOST_EVAL_FRACTION = 0.25  # beyond it, held-out text is training text a small corpus cannot spare
 
 
 def feature_shapes(max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple[str, int]]:
@@ -168,10 +169,12 @@ class Manifest:
                          f"{self.settings.get('eval_fraction')}), or give a larger corpus.")
         elif 0 < held_out["instances"] < FEW_EVAL_SEQUENCES:
             fraction = self.settings.get("eval_fraction") or 0
+            enough = fraction * FEW_EVAL_SEQUENCES / held_out["instances"]  # about, documents being of all sizes
+            fix = (f"Raise --eval_fraction (now {fraction}) to about {enough:.2g} for {FEW_EVAL_SEQUENCES} or more, or "
+                   "give a larger corpus" if enough <= MOST_EVAL_FRACTION else "Give a larger corpus (--eval_fraction, "
+                   f"now {fraction}, would have to hold out more than {MOST_EVAL_FRACTION:.0%} of it)")
             found.append(f"the held-out split has only {held_out['instances']} sequences ({held_out['documents']} "
-                         f"documents): its figures would move by chance more than by training. Raise --eval_fraction "
-                         f"(now {fraction}) to about {fraction * FEW_EVAL_SEQUENCES / held_out['instances']:.2g} for "
-                         f"{FEW_EVAL_SEQUENCES} or more, or give a larger corpus.")
+                         f"documents): its figures would move by chance more than by training. {fix}.")
         if self.settings.get("eval_fraction") and not self.files(EVAL):
             found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
                          f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")
