@@ -14,6 +14,7 @@ import json
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .config_checks import ConfigError, check_settings, coerce, read_config_file
@@ -151,9 +152,12 @@ def default_recipe(model_family: str, init_checkpoint: str) -> str:
     release) is continued the way it was trained."""
     if model_family == "modernbert" or not init_checkpoint:
         return "modern"
-    from .core.modernbert_config import is_modernbert_folder
-
-    return "modern" if is_modernbert_folder(init_checkpoint) else "classic"
+    path = Path(init_checkpoint) / "config.json" if Path(init_checkpoint).is_dir() else Path(init_checkpoint)
+    try:  # a transformers ModernBERT folder (model_type modernbert) is continued the modern way
+        modernbert = path.is_file() and json.loads(path.read_text()).get("model_type") == "modernbert"
+    except (OSError, ValueError, AttributeError):
+        modernbert = False
+    return "modern" if modernbert else "classic"
 
 
 def recipe_line(config: Config) -> str:

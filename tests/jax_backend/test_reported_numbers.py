@@ -130,3 +130,29 @@ def test_an_nsp_accuracy_at_the_majority_class_share_is_said_to_mean_nothing(nsp
     assert "majority" not in format_metrics({**figures, "nsp_accuracy": one_more}, share)
     assert "majority" not in format_metrics({**figures, "nsp_accuracy": majority}, None)  # share unknown
     assert eval_random_next_share(str(tmp_path)) is None  # no manifest: nothing claimed
+
+
+def test_data_made_otherwise_than_the_runs_recipe_is_said_for_both_families(nsp_data, tmp_path, caplog):
+    """A run from scratch takes the modern recipe: on classic data (NSP pairs, unpacked) it says so once, naming
+    the settings and both ways out; so does a ModernBERT on unpacked MLM-only data; matching data says nothing."""
+    from tpu_pretrain.config import Config
+    from tpu_pretrain.core.resolve import RunPlan
+
+    def warnings(data_dir, **settings) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="tpu_pretrain"):
+            RunPlan.resolve(Config.load(data_dir=data_dir, output_dir=str(tmp_path / "run"), model_size="L2-H128",
+                                        **settings))
+        assert any(r.getMessage().startswith("Recipe: ") for r in caplog.records)  # the line at the start
+        return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+    said = warnings(nsp_data)
+    assert len(said) == 1 and said[0].startswith(
+        f"The data in {nsp_data} was made with pack_sequences=False, masked_lm_prob=0.15, where this run's modern "
+        "recipe has pack_sequences=True, masked_lm_prob=0.3: the run trains on the data as it is")
+    assert "`create-data --recipe modern`, or train with --recipe classic" in said[0]
+    assert warnings(nsp_data, recipe="classic") == []
+    unpacked = sample_data(tmp_path / "unpacked", max_chars=20_000, num_shards=1, no_nsp=True)  # classic, MLM only
+    said = warnings(unpacked, model_family="modernbert")
+    assert len(said) == 1 and "was made with pack_sequences=False, masked_lm_prob=0.15, where this run's modern" \
+        in said[0]

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import UserInputError
-from ..formatting import hms
+from ..formatting import TerminalProgress, hms
 from . import schedules
 from .checkpoint_space import check_rooms
 from .checkpoints import CheckpointManager, FollowerCheckpoints
@@ -381,8 +381,6 @@ def _random_next_share(trainer: Trainer) -> float | None:
 
 def _progress_bar(trainer: Trainer, progress: bool | None):
     """The notebooks' bar and line on a terminal (``progress`` None: when stdout is one, the chief's only)."""
-    from ..notebook.progress import TerminalProgress
-
     shown = sys.stdout.isatty() and trainer.is_chief if progress is None else progress
     return TerminalProgress(trainer.plan.config.train.num_train_steps, trainer.step, disable=not shown)
 
