@@ -148,11 +148,11 @@ def test_data_made_otherwise_than_the_runs_recipe_is_said_for_both_families(nsp_
 
     said = warnings(nsp_data)
     assert len(said) == 1 and said[0].startswith(
-        f"The data in {nsp_data} was made with pack_sequences=False, masked_lm_prob=0.15, where this run's modern "
-        "recipe has pack_sequences=True, masked_lm_prob=0.3: the run trains on the data as it is")
+        f"The data in {nsp_data} was made with masked_lm_prob=0.15, pack_sequences=False, where this run's modern "
+        "recipe has masked_lm_prob=0.3, pack_sequences=True: the run trains on the data as it is")
     assert "`create-data --recipe modern`, or train with --recipe classic" in said[0]
     assert warnings(nsp_data, recipe="classic") == []
     unpacked = sample_data(tmp_path / "unpacked", max_chars=20_000, num_shards=1, no_nsp=True)  # classic, MLM only
     said = warnings(unpacked, model_family="modernbert")
-    assert len(said) == 1 and "was made with pack_sequences=False, masked_lm_prob=0.15, where this run's modern" \
+    assert len(said) == 1 and "was made with masked_lm_prob=0.15, pack_sequences=False, where this run's modern" \
         in said[0]
