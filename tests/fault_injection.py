@@ -24,13 +24,14 @@ ENV = {**os.environ, "TF_DETERMINISTIC_OPS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, workers: int = 0, vocab_size: int = 1500,
                 **settings) -> str:
     """A small data folder from the sample corpus (its vocab in ``root``): ``num_shards`` training shards and an eval
-    shard, length 64; ``settings`` of create-data override (``recipe="modern"``: packed MLM-only data, its own
-    number of predictions)."""
+    shard, length 64, the classic recipe's next-sentence pairs; ``settings`` of create-data override
+    (``recipe="modern"``: packed MLM-only data, its own number of predictions)."""
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=max_chars)
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=vocab_size, num_unused_tokens=5,
                                     output_dir=str(root)))
     values = dict(max_seq_length=64, dupe_factor=1, num_shards=num_shards, eval_fraction=0.05, workers=workers)
-    if settings.get("recipe", "classic") == "classic":
+    settings.setdefault("recipe", "classic")  # next-sentence pairs, which the tests that use it check
+    if settings["recipe"] == "classic":
         values["max_predictions_per_seq"] = 10
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
                                         **{**values, **settings}))
@@ -39,8 +40,9 @@ def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, worker
 
 def train_command(data_dir, run_dir, steps=STEPS, extra=()):
     return [sys.executable, "-m", "tpu_pretrain", "train", "--data_dir", data_dir, "--output_dir", str(run_dir),
-            "--model_size", "L2-H128", "--train_batch_size", "8", "--num_train_steps", str(steps),
-            "--num_warmup_steps", "4", "--learning_rate", "1e-3", "--save_checkpoints_steps", "4",
+            "--recipe", "classic", "--model_size", "L2-H128", "--train_batch_size", "8",
+            "--num_train_steps", str(steps), "--num_warmup_steps", "4", "--learning_rate", "1e-3",
+            "--save_checkpoints_steps", "4",
             "--log_every_steps", "4", "--eval_every_steps", "0", "--max_eval_steps", "1",
             "--steps_per_execution", "1", "--hidden_dropout_prob", "0.1", "--log_example_ids", "--train_seed", "3",
             "--shuffle_buffer_size", "64", "--keep_checkpoint_max", "3", "--session_hours", "-1", *extra]

@@ -27,8 +27,9 @@ def probe_task(corpus: Path, path: Path, rows: int = 160) -> Path:
 
 
 def train_arguments(data_dir: str, run: Path, steps: int = 24) -> list[str]:
-    return ["train", "--backend", "jax", "--data_dir", data_dir, "--output_dir", str(run), "--model_size", "L2-H128",
-            "--train_batch_size", "8", "--num_train_steps", str(steps), "--num_warmup_steps", "2",
+    return ["train", "--backend", "jax", "--data_dir", data_dir, "--output_dir", str(run), "--recipe", "classic",
+            "--model_size", "L2-H128", "--train_batch_size", "8", "--num_train_steps", str(steps),
+            "--num_warmup_steps", "2",
             "--learning_rate", "5e-3", "--save_checkpoints_steps", str(steps), "--eval_every_steps", "0",
             "--max_eval_steps", "1", "--steps_per_execution", str(steps // 2), "--session_hours", "-1"]
 

@@ -7,8 +7,8 @@ from tpu_pretrain.config import Config, ConfigError
 from tpu_pretrain.config_checks import max_predictions
 
 
-def test_defaults_keep_the_original_bert_flag_values():
-    config = Config.load()
+def test_the_classic_recipe_keeps_the_original_bert_flag_values():
+    config = Config.load(recipe="classic")
     assert config.data.max_seq_length == 128
     assert max_predictions(config.data.max_seq_length, config.data.max_predictions_per_seq,
                            config.data.masked_lm_prob) == 20  # derived from the length, as BERT's 20 for 128
@@ -35,8 +35,8 @@ def test_unknown_key_in_a_section_is_named():
 
 def test_max_predictions_beyond_the_masked_budget_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"max_predictions_per_seq=60 .*set max_predictions_per_seq=20"):
-        Config.load(max_predictions_per_seq=60)
-    Config.load(max_seq_length=512, max_predictions_per_seq=80)  # BERT's own long-sequence setting is fine
+        Config.load(recipe="classic", max_predictions_per_seq=60)
+    Config.load(recipe="classic", max_seq_length=512, max_predictions_per_seq=80)  # BERT's own long-sequence one
 
 
 def test_max_seq_length_above_position_embeddings():
@@ -87,7 +87,7 @@ def test_cli_flags_share_the_configuration_names(tmp_path):
 def test_the_modern_recipe_sets_its_settings_and_explicit_settings_win(tmp_path):
     from tpu_pretrain.config import MODERN_RECIPE, TRAIN, step_settings
 
-    classic, modern = Config.load(), Config.load(recipe="modern")
+    classic, modern = Config.load(recipe="classic"), Config.load(recipe="modern")
     assert all(modern.get(key) == value for key, value in MODERN_RECIPE.items())
     assert classic.data.recipe == "classic" and not classic.data.pack_sequences and classic.train.adam_beta2 == 0.999
     assert modern.data.eval_masked_lm_prob == 0.15  # figures stay comparable with classic runs
@@ -126,6 +126,36 @@ def test_modernbert_implies_the_modern_recipe_unless_a_recipe_or_the_setting_is_
         assert classic.data.recipe == "classic" and classic.train.lr_schedule == "linear"
     given = Config.from_dict({"hidden_dropout_prob": 0.1, "model_family": "modernbert", "adam_beta2": 0.99})
     assert (given.model.hidden_dropout_prob, given.train.adam_beta2, given.train.lr_schedule) == (0.1, 0.99, "wsd")
-    assert Config.load(model_family="bert").data.recipe == "classic"
+    assert Config.load(model_family="bert").data.recipe == "modern"  # from scratch: the modern recipe for both
     with pytest.raises(ConfigError, match="model_family.*choose one of bert, modernbert"):
         Config.load(model_family="roberta")
+
+
+def test_the_recipe_is_modern_from_scratch_and_classic_where_a_bert_release_is_continued(tmp_path, caplog):
+    """A newcomer's default is the recommended recipe; a Google/BERT checkpoint continues the way it was trained,
+    whichever order the settings come in; a recipe given by name wins; the line at the start says which and why."""
+    from tpu_pretrain.config import MODERN_RECIPE, recipe_line
+
+    scratch = Config.load()
+    assert scratch.data.recipe == "modern" and all(scratch.get(k) == v for k, v in MODERN_RECIPE.items())
+    assert recipe_line(scratch).startswith("Recipe: modern (the default for training from scratch: packed")
+    assert "--recipe classic for Google's BERT recipe" in recipe_line(scratch)
+    release = tmp_path / "uncased_L-2_H-128_A-2"
+    release.mkdir()
+    for values in ({"init_checkpoint": str(release)}, {"model_family": "bert", "init_checkpoint": str(release)},
+                   {"init_checkpoint": str(release), "model_family": "bert"}):
+        continued = Config.from_dict(values)
+        assert continued.data.recipe == "classic", values
+        assert (continued.data.pack_sequences, continued.data.no_nsp, continued.data.masked_lm_prob,
+                continued.train.lr_schedule, continued.model.hidden_dropout_prob) == (False, False, 0.15, "linear", -1)
+        assert recipe_line(continued) == (
+            f"Recipe: classic (the default when continuing init_checkpoint {release}, as it was trained: Google's "
+            "BERT recipe, with next-sentence pairs); --recipe modern for packed MLM-only sequences, 30% masking, no "
+            "dropout, AdamW beta2 0.98, warmup-stable-decay.")
+    assert Config.load(init_checkpoint=str(release), recipe="modern").data.pack_sequences  # named: it wins
+    assert Config.from_dict({"recipe": "modern", "init_checkpoint": str(release)}).data.recipe == "modern"
+    modernbert = tmp_path / "modernbert"  # a transformers ModernBERT folder: ModernBERT's own recipe
+    modernbert.mkdir()
+    (modernbert / "config.json").write_text(json.dumps({"model_type": "modernbert"}))
+    assert Config.load(init_checkpoint=str(modernbert)).data.recipe == "modern"
+    assert recipe_line(Config.load(model_family="modernbert")).startswith("Recipe: modern (ModernBERT's: packed")

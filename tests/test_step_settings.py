@@ -40,7 +40,7 @@ VOCAB_CHANGES = {
     "encoding": "latin-1", "max_documents": 20, "max_bytes": 5000,
 }
 DATA_BASE = {"max_seq_length": 64, "max_predictions_per_seq": 9, "dupe_factor": 1, "eval_fraction": 0.1,
-             "num_shards": 1, "random_seed": 1}
+             "num_shards": 1, "random_seed": 1, "recipe": "classic"}  # NSP pairs: each packing setting changes them
 DATA_CHANGES = {
     "doc_separator": "%", "split_sentences": True, "unicode_normalization": "NFC", "strip_control": False,
     "strip_punctuation": True, "dedupe_lines": True, "max_line_length": 200, "max_seq_length": 56,

@@ -16,7 +16,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config_checks import ConfigError, check_settings, coerce, read_config_file
+from .config_checks import ConfigError, check_settings, checkpoint_family, coerce, read_config_file
+from .models.families import MODERNBERT, family_named
 from .settings import (
     CORPUS_STEPS,
     CREATE_DATA,
@@ -59,6 +60,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     explicit: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.apply_recipe()  # the default recipe (modern) sets its settings, as a recipe given by name would
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -105,9 +109,9 @@ class Config:
         choices = all_fields()[key].metadata.get("choices")
         setattr(getattr(self, section), key, coerce(key, value, _FIELD_TYPES[key], choices, source))
         self.explicit.add(key)
-        if key == "model_family" and "recipe" not in self.explicit:  # ModernBERT is trained the modern way
-            self.data.recipe = "modern" if self.model.model_family == "modernbert" else "classic"
-        if key in ("recipe", "model_family"):
+        if key in ("model_family", "init_checkpoint") and "recipe" not in self.explicit:
+            self.data.recipe = default_recipe(self.model.model_family, self.model.init_checkpoint)
+        if key in ("recipe", "model_family", "init_checkpoint"):
             self.apply_recipe()
 
     def apply_recipe(self) -> None:
@@ -141,6 +145,34 @@ class Config:
         """Check each setting and the consistency between them; raise :class:`ConfigError` naming setting and fix."""
         check_settings(self)
         return self
+
+
+def default_recipe(model_family: str, init_checkpoint: str) -> str:
+    """Modern from scratch (and for ModernBERT); classic where a BERT init_checkpoint (a Google or Hugging Face
+    release) is continued the way it was trained."""
+    if family_named(model_family) is MODERNBERT or not init_checkpoint:
+        return "modern"
+    # a transformers ModernBERT folder is continued the modern way
+    return "modern" if checkpoint_family(init_checkpoint) == MODERNBERT.name else "classic"
+
+
+def recipe_line(config: Config) -> str:
+    """The one line ``train`` and ``create-data`` start with: the recipe, why it is the one, how to change it."""
+    recipe, other = config.data.recipe, "classic" if config.data.recipe == "modern" else "modern"
+    if "recipe" in config.explicit:
+        why = "as configured"
+    elif family_named(config.model.model_family) is MODERNBERT:
+        why, other = "ModernBERT's", ""
+    elif recipe == "classic":
+        why = f"the default when continuing init_checkpoint {config.model.init_checkpoint}, as it was trained"
+    else:
+        why = "the default for training from scratch"
+    change = f"; --recipe {other} for {RECIPE_NAMES[other]}" if other else ""
+    return f"Recipe: {recipe} ({why}: {RECIPE_NAMES[recipe]}){change}."
+
+
+RECIPE_NAMES = {"modern": "packed MLM-only sequences, 30% masking, no dropout, AdamW beta2 0.98, warmup-stable-decay",
+                "classic": "Google's BERT recipe, with next-sentence pairs"}
 
 
 def all_fields() -> dict[str, dataclasses.Field]:

@@ -184,7 +184,7 @@ def family_from_checkpoint(config) -> None:
     model_type, as ``--model_family`` would set it (recipe included) when none was given; refuse a contradiction."""
     m = config.model
     for setting in ("init_checkpoint", "bert_config_file"):
-        family = _family_of(getattr(m, setting))
+        family = checkpoint_family(getattr(m, setting))
         if family is None or family == m.model_family:
             continue
         if "model_family" in config.explicit:
@@ -197,7 +197,7 @@ def family_from_checkpoint(config) -> None:
                                          setting, getattr(m, setting))
 
 
-def _family_of(path: str) -> str | None:
+def checkpoint_family(path: str) -> str | None:
     """The model family a local model folder's (or config file's) config.json names; None where it names none."""
     if not path or "://" in path:
         return None

@@ -77,9 +77,10 @@ class VocabConfig:
 class PretrainingDataConfig:
     """How pretraining instances are made (flags of Google's create_pretraining_data.py)."""
 
-    recipe: str = _f("classic", "classic: Google's BERT (NSP, 15% masking, dropout 0.1, linear decay; right for "
-                     "continuing a released checkpoint). modern: packed MLM-only sequences, 30% masking, no "
-                     "dropout, AdamW beta2 0.98, warmup-stable-decay. Settings given explicitly win.",
+    recipe: str = _f("modern", "modern (the default from scratch): packed MLM-only sequences, 30% masking, no "
+                     "dropout, AdamW beta2 0.98, warmup-stable-decay. classic (the default with a BERT "
+                     "init_checkpoint, whose own recipe it continues): Google's BERT, NSP, 15% masking, dropout "
+                     "0.1, linear decay. Settings given explicitly win.",
                      choices=("classic", "modern"), steps=(CREATE_DATA, TRAIN))
     vocab_file: str = _f("", "WordPiece vocab.txt, or (ModernBERT) a Hugging Face tokenizer.json or a model folder "
                          "with one; [PAD] [UNK] [CLS] [SEP] [MASK] required.", steps=(CREATE_DATA, TRAIN))
@@ -125,7 +126,7 @@ class ModelConfig:
     """Which BERT to build."""
 
     model_family: str = _f(BERT.name, "bert: Google's BERT. modernbert: ModernBERT (RoPE, GeGLU, local-global "
-                           "attention; MLM only, JAX backend); implies --recipe modern unless a recipe is given.",
+                           "attention; MLM only, JAX backend); trained with --recipe modern unless a recipe is given.",
                            choices=tuple(FAMILIES), steps=(TRAIN,), pins=(RUN,))
     model_size: str = _f("", "Named size such as L4-H256 or base (modernbert: base, large, L4-H256...); ignored when "
                          "bert_config_file is set.", steps=(TRAIN,))

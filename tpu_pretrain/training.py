@@ -19,6 +19,7 @@ from .core.loop import TrainResult, run_training
 from .core.protocol import Trainer
 from .core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
 from .errors import UserInputError
+from .models.families import MODERNBERT, family_named
 from .storage.local import check_writable_folder
 from .tf_backend.setup.workers import find_workers, wait_for_workers
 
@@ -112,5 +113,6 @@ def recipe_settings(config: Config) -> dict[str, str]:
     """The settings a recipe set (not given by name), with where they came from, for messages about them."""
     if config.data.recipe != "modern":
         return {}
-    source = "--recipe modern" if "recipe" in config.explicit else f"--model_family {config.model.model_family}"
+    source = ("--recipe modern" if "recipe" in config.explicit else "--model_family modernbert"
+              if family_named(config.model.model_family) is MODERNBERT else "the default recipe, modern")
     return {key: source for key in MODERN_RECIPE if key not in config.explicit}

@@ -138,7 +138,7 @@ def test_next_sentence_data_with_a_tokenizer_json_is_refused_by_create_data(made
     with pytest.raises(UserInputError, match="is a tokenizer.json, which only --model_family modernbert trains, and "
                                              "ModernBERT trains masked-LM data only") as refused:
         create_pretraining_data(Config.load(input=[str(made / "corpus.txt")], vocab_file=str(made / "model"),
-                                            output_dir=str(tmp_path / "data"), workers=1))
+                                            output_dir=str(tmp_path / "data"), workers=1, recipe="classic"))
     assert "Add --recipe modern (packed, MLM only) or --no_nsp" in str(refused.value)
     assert not (tmp_path / "data").exists()
 

@@ -32,7 +32,7 @@ def vocab(tmp_path_factory):
 
 def make(corpus, vocab, out, **settings):
     return create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab, output_dir=str(out),
-                                               workers=1, **settings))
+                                               workers=1, **{"recipe": "classic", **settings}))
 
 
 @pytest.mark.parametrize("text, settings", [

@@ -40,7 +40,8 @@ def packed(request, tmp_path_factory):
     vocab = build_vocab(Config.load(**corpus, vocab_size=6000, vocab_sample_lines=20000,
                                     output_dir=str(root))).path
     config = Config.load(**corpus, vocab_file=vocab, output_dir=str(root / "data"), pack_sequences=True,
-                         do_whole_word_mask=True, dupe_factor=DUPE, eval_fraction=0.02, num_shards=3)
+                         do_whole_word_mask=True, dupe_factor=DUPE, eval_fraction=0.02, num_shards=3,
+                         recipe="classic")  # packing alone: BERT's masking, as unpacked
     return root / "data", vocab, config, create_pretraining_data(config)
 
 

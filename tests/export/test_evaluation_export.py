@@ -52,11 +52,11 @@ def run(tmp_path_factory):
     create_pretraining_data(Config.load(
         input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"), max_seq_length=SEQ,
         max_predictions_per_seq=PRED, dupe_factor=1, eval_fraction=0.1, split_sentences=True,
-        do_whole_word_mask=True, workers=2))
+        do_whole_word_mask=True, workers=2, recipe="classic"))  # NSP pairs: the exports' NSP heads are checked
     train(Config.load(data_dir=str(root / "data"), output_dir=str(root / "run"), model_size="L2-H128",
-                      train_batch_size=32, num_train_steps=STEPS, num_warmup_steps=4, learning_rate=2e-3,
-                      log_every_steps=10, eval_every_steps=20, max_eval_steps=4, steps_per_execution=10,
-                      save_checkpoints_steps=20, accelerator="cpu"), progress=False)
+                      recipe="classic", train_batch_size=32, num_train_steps=STEPS, num_warmup_steps=4,
+                      learning_rate=2e-3, log_every_steps=10, eval_every_steps=20, max_eval_steps=4,
+                      steps_per_execution=10, save_checkpoints_steps=20, accelerator="cpu"), progress=False)
     return root / "run"
 
 

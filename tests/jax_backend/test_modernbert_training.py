@@ -253,7 +253,8 @@ def test_the_family_is_taken_from_a_transformers_folder(data, tmp_path, capsys):
     argv = ["train", "--init_checkpoint", str(folder), "--data_dir", str(data / "data"), "--output_dir",
             str(tmp_path / "run"), "--train_batch_size", "8"]
     plan = RunPlan.resolve(config_from_args(build_parser().parse_args(argv), step_settings("train")))
-    assert plan.family.name == "modernbert" and plan.config.data.recipe == "modern" and plan.model_config.hidden_size == 64
+    assert plan.family.name == "modernbert" and plan.config.data.recipe == "modern"
+    assert plan.model_config.hidden_size == 64
     assert main([*argv, "--model_family", "bert"]) == 2
     said = " ".join(capsys.readouterr().err.split())
     assert f"model_family=bert contradicts init_checkpoint {folder}, whose config.json describes a modernbert" in said

@@ -43,7 +43,7 @@ def data_dir(tmp_path_factory):
 
 
 def settings(data_dir, **overrides) -> dict:
-    values = dict(data_dir=data_dir, output_dir=data_dir, model_size="L2-H128", train_batch_size=B,
+    values = dict(data_dir=data_dir, output_dir=data_dir, recipe="classic", model_size="L2-H128", train_batch_size=B,
                   num_train_steps=20, num_warmup_steps=2, learning_rate=2e-3, hidden_dropout_prob=0.0,
                   steps_per_execution=1, accelerator="cpu", mixed_precision="float32", jit_compile="off",
                   clip_norm=0.5, train_seed=5)

@@ -20,16 +20,17 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 from ..errors import UserInputError
-from ..formatting import hms
+from ..formatting import TerminalProgress, hms
 from . import schedules
 from .checkpoint_space import check_rooms
 from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .event_log import ScalarLog
-from .metrics import format_metrics
+from .metrics import eval_random_next_share, format_metrics, nsp_majority_note
 from .mirror import CheckpointMirror
 from .mirror_owner import claim
 from .peaks import mfu, overstated_peak
@@ -54,6 +55,7 @@ class TrainResult:
     seconds_to_first_step: float = 0.0
     stopped_reason: str | None = None  # set when training stopped early (deadline, SIGTERM) to resume later
     input_wait_share: float | None = None  # of the training time, the devices waiting on input (backends that say)
+    nsp_note: str = ""  # the final NSP accuracy's, when it is the majority class share
 
     def summary(self) -> str:
         parts = [f"Trained to step {self.steps} in {self.output_dir}"]
@@ -61,10 +63,12 @@ class TrainResult:
             parts.append(f"last train loss {self.history[-1]['loss']:.4f}")
         if self.final_eval:
             e = self.final_eval
-            parts.append(f"eval MLM accuracy {e['mlm_accuracy']:.4f}, loss {e['mlm_loss']:.4f}")
+            over = f" ({e['sequences']} sequences)" if "sequences" in e else ""
+            parts.append(f"eval{over} MLM accuracy {e['mlm_accuracy']:.4f}, loss {e['mlm_loss']:.4f}")
             if "nsp_accuracy" in e:
-                parts.append(f"NSP accuracy {e['nsp_accuracy']:.4f}")
-        parts.append(f"{self.examples_per_second:.1f} examples/s")
+                parts.append(f"NSP accuracy {e['nsp_accuracy']:.4f}{self.nsp_note}")
+        parts.append(f"{self.examples_per_second:.1f} examples/s" if self.examples_per_second else
+                     "no speed measured this session (its steps ran in one call, compiling included)")
         if self.input_wait_share is not None:
             parts.append(f"input wait {self.input_wait_share:.1%} of the time")
         return "; ".join(parts)
@@ -168,7 +172,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
                 if metrics["mfu"] > 1 and not any((h.get("mfu") or 0) > 1 for h in result.history):  # said once
                     log.warning(overstated_peak(metrics["mfu"], peak, t.peak_tflops, trainer.describe()))
             result.history.append({"step": target, **metrics})
-            _show(bar, target, metrics, t.train_batch_size)
+            bar.show(target, lambda: progress_line(target, t.num_train_steps, metrics, _saved_note(manager)))  # noqa: B023
             result.stopped_reason = _at_boundary(trainer, target, metrics, scalars, manager, throughput,
                                                  guard, seconds, cadence)
     finally:
@@ -184,6 +188,7 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
     result.input_wait_share = throughput.input_wait_share
     if not result.stopped_reason:
         result.final_eval = _evaluate(trainer, scalars, result.steps, f"Final eval at step {result.steps}")
+        result.nsp_note = nsp_majority_note(result.final_eval or {}, _random_next_share(trainer))
     if not result.stopped_reason and trainer.is_chief:
         run.write_summary({"steps": result.steps, "initial_eval": result.initial_eval,
                            "final_eval": result.final_eval, "examples_per_second": result.examples_per_second,
@@ -361,25 +366,23 @@ def _diverged(trainer: Trainer, manager: CheckpointManager, step: int, what: str
 
 
 def _evaluate(trainer: Trainer, scalars: ScalarLog, step: int, label: str) -> dict | None:
+    """Evaluate, log the figures with the number of sequences they are over, and write them to the eval curves."""
     evaluation = trainer.evaluate()
     if evaluation:
-        scalars.write("eval", evaluation, step)
-        log.info("%s: %s", label, format_metrics(evaluation))
+        scalars.write("eval", {k: v for k, v in evaluation.items() if k != "sequences"}, step)
+        over = f" ({evaluation['sequences']} sequences)" if "sequences" in evaluation else ""
+        log.info("%s%s: %s", label, over, format_metrics(evaluation, _random_next_share(trainer)))
     return evaluation
 
 
+def _random_next_share(trainer: Trainer) -> float | None:
+    return eval_random_next_share(trainer.plan.data.data_dir) if trainer.plan.with_nsp else None
+
+
 def _progress_bar(trainer: Trainer, progress: bool | None):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=trainer.plan.config.train.num_train_steps, initial=trainer.step, unit="step",
-                disable=(not progress) if progress is not None else None, dynamic_ncols=True, mininterval=1.0)
-
-
-def _show(bar, step: int, metrics: dict, batch_size: int) -> None:
-    rate = metrics["steps_per_second"]
-    bar.update(step - bar.n)
-    bar.set_postfix(loss=f"{metrics['loss']:.3f}", mlm_acc=f"{metrics['mlm_accuracy']:.3f}",
-                    steps_s=f"{rate:.2f}", ex_s=f"{rate * batch_size:.1f}")
+    """The notebooks' bar and line on a terminal (``progress`` None: when stdout is one, the chief's only)."""
+    shown = sys.stdout.isatty() and trainer.is_chief if progress is None else progress
+    return TerminalProgress(trainer.plan.config.train.num_train_steps, trainer.step, disable=not shown)
 
 
 def _append_example_ids(trainer: Trainer, run: RunFolder) -> None:

@@ -78,6 +78,32 @@ def add_sums(totals: dict, sums: dict) -> dict:
     return {key: totals.get(key, 0.0) + float(sums[key]) for key in STAT_KEYS}
 
 
-def format_metrics(metrics: dict) -> str:
-    keys = ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if k in metrics)
+def format_metrics(metrics: dict, random_next_share: float | None = None) -> str:
+    """The figures a person reads; ``mlm_loss`` only beside an NSP loss (MLM only: it is ``loss``), and an NSP
+    accuracy at the eval data's majority-class share (``random_next_share``: its random-next pairs) said so."""
+    keys = ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy") if "nsp_loss" in metrics else (
+        "loss", "mlm_accuracy")
+    text = ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if k in metrics)
+    return text + nsp_majority_note(metrics, random_next_share)
+
+
+def nsp_majority_note(metrics: dict, random_next_share: float | None) -> str:
+    """`` (= the majority class share: ...)`` when the NSP accuracy is what predicting one class always scores."""
+    if random_next_share is None or "nsp_accuracy" not in metrics:
+        return ""
+    majority = max(random_next_share, 1.0 - random_next_share)
+    tolerance = 0.5 / metrics["sequences"] if metrics.get("sequences") else 1e-4  # one sequence's worth
+    if abs(metrics["nsp_accuracy"] - majority) > tolerance:
+        return ""
+    return " (= the majority class share: the head has learnt nothing yet)"
+
+
+def eval_random_next_share(data_dir: str | None) -> float | None:
+    """The share of random-next pairs in a data folder's eval shards, from its manifest (None: unknown, or no NSP)."""
+    from ..data.data_folder import EVAL, read_manifest
+
+    manifest = read_manifest(data_dir) if data_dir else None
+    if manifest is None or manifest.settings.get("no_nsp"):
+        return None
+    totals = manifest.totals(EVAL)
+    return totals["random_next"] / totals["instances"] if totals["instances"] else None

@@ -7,7 +7,7 @@ import copy
 import logging
 from dataclasses import dataclass
 
-from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings
+from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings, recipe_line
 from ..config_checks import max_predictions
 from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.vocab import Vocab
@@ -47,6 +47,7 @@ class RunPlan:
         """Read the data folder's description and complete ``config`` from it; check the data fills a batch."""
         if config.storage.output_dir and "://" not in config.storage.output_dir:
             RunFolder(config.storage.output_dir).check_same_family(config.model.model_family)
+        log.info("%s", recipe_line(config))
         data = read_data_info(config.storage.data_dir)
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
@@ -118,11 +119,20 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         log.info("%s, from the data in %s.", " and ".join(taken), data.data_dir)
     if data.settings.get("no_nsp"):
         resolved.data.no_nsp = True
-    for key, value in data_made_with(config, data).items():
-        chosen = key in config.explicit or (config.data.recipe == "modern" and key in MODERN_RECIPE)
-        said = log.warning if chosen else log.debug  # what the user (or a recipe) asked for, and does not get
-        said("The data in %s was made with %s=%r, not %r: the run trains on it as it is, and records that.",
-             data.data_dir, key, value, config.get(key))
+    made = data_made_with(config, data)
+    by_recipe = {k: v for k, v in made.items() if k in MODERN_RECIPE and k not in config.explicit}
+    if by_recipe:  # data made with the other recipe (either family, either recipe): said once, with the way out
+        recipe, other = config.data.recipe, "classic" if config.data.recipe == "modern" else "modern"
+        log.warning("The data in %s was made with %s, where this run's %s recipe has %s: the run trains on the data "
+                    "as it is (and records that); its other settings follow the %s recipe. For one recipe "
+                    "throughout, make the data with `create-data --recipe %s`, or train with --recipe %s.",
+                    data.data_dir, ", ".join(f"{k}={v!r}" for k, v in by_recipe.items()), recipe,
+                    ", ".join(f"{k}={config.get(k)!r}" for k in by_recipe), recipe, recipe, other)
+    for key, value in made.items():
+        if key not in by_recipe:  # what the user asked for by name, and does not get
+            (log.warning if key in config.explicit else log.debug)(
+                "The data in %s was made with %s=%r, not %r: the run trains on it as it is, and records that.",
+                data.data_dir, key, value, config.get(key))
         resolved.set(key, value, source=f"{data.data_dir}'s manifest")
     t = resolved.train
     if t.num_warmup_steps < 0:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..config import DATA, Config, pinned_settings
+from ..config import DATA, Config, pinned_settings, recipe_line
 from ..config_checks import max_predictions
 from ..errors import CommandFailed, UserInputError
 from ..runtime import sigterm_as_interrupt
@@ -142,6 +142,7 @@ def create_pretraining_data(config: Config) -> Manifest:
     """Write the shards and manifest for ``config``; resumes where an earlier run stopped."""
     check_required(config)
     out = check_writable_folder(config.storage.output_dir)
+    log.info("%s", recipe_line(config))
     try:
         with sigterm_as_interrupt(), _locked(out):
             return _create(plan_data(config), out)

@@ -42,6 +42,10 @@ FEATURES = {
 }
 
 
+FEW_EVAL_SEQUENCES = 300  # a held-out split smaller than this gives figures too noisy to compare runs by
+MOST_EVAL_FRACTION = 0.25  # beyond it, held-out text is training text a small corpus cannot spare
+
+
 def feature_shapes(max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple[str, int]]:
     """``{feature: (dtype, length)}`` for records of these shapes (readers build their parse spec from it)."""
     lengths = {"seq": max_seq_length, "pred": max_predictions_per_seq, "one": 1}
@@ -118,12 +122,12 @@ class Manifest:
                 continue
             share = t["masked_tokens"] / max(t["real_tokens"], 1)
             nsp = t["random_next"] / max(t["instances"], 1)
+            nsp = "" if self.settings.get("no_nsp") else f", random next {nsp:.1%}"  # MLM only: no such pairs
             packed = "packed, " if self.settings.get("pack_sequences") else ""
             fill = f" ({packed}fill {self.fill(split):.2f})" if self.fill(split) is not None else ""
             lines.append(
                 f"{split}: {len(self.files(split))} shard(s), {t['documents']} documents, {t['tokens']} tokens, "
-                f"{t['instances']} instances{fill}, {t['masked_tokens']} masked ({share:.1%} of real tokens), "
-                f"random next {nsp:.1%}"
+                f"{t['instances']} instances{fill}, {t['masked_tokens']} masked ({share:.1%} of real tokens){nsp}"
             )
         lines.append(f"corpus: {self.corpus_report}")
         lines.append(f"time: {self.seconds:.1f} s")
@@ -163,6 +167,14 @@ class Manifest:
             found.append(f"the held-out split is empty: its {held_out['documents']} document(s) gave no instance, so "
                          "train skips evaluation. Raise --eval_fraction (now "
                          f"{self.settings.get('eval_fraction')}), or give a larger corpus.")
+        elif 0 < held_out["instances"] < FEW_EVAL_SEQUENCES:
+            fraction = self.settings.get("eval_fraction") or 0
+            enough = fraction * FEW_EVAL_SEQUENCES / held_out["instances"]  # about, documents being of all sizes
+            fix = (f"Raise --eval_fraction (now {fraction}) to about {enough:.2g} for {FEW_EVAL_SEQUENCES} or more, or "
+                   "give a larger corpus" if enough <= MOST_EVAL_FRACTION else "Give a larger corpus (--eval_fraction, "
+                   f"now {fraction}, would have to hold out more than {MOST_EVAL_FRACTION:.0%} of it)")
+            found.append(f"the held-out split has only {held_out['instances']} sequences ({held_out['documents']} "
+                         f"documents): its figures would move by chance more than by training. {fix}.")
         if self.settings.get("eval_fraction") and not self.files(EVAL):
             found.append(f"no eval shard: {documents} document(s) are too few to hold any out "
                          f"(eval_fraction={self.settings['eval_fraction']}); {doc_fix}.")

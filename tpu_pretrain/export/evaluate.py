@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.metrics import add_sums, metrics_from_sums
+from ..core.metrics import add_sums, eval_random_next_share, metrics_from_sums, nsp_majority_note
 from ..core.run_folder import EVALUATION, RunFolder
 from ..data.data_folder import EVAL, corrupt_shard_error, feature_shapes, read_data_info
 from ..data.tfrecord import CorruptRecord, decode_examples, read_records
@@ -52,7 +52,8 @@ class EvalResult:
             text = (f"  eval ({self.eval_examples} sequences): MLM loss {m['mlm_loss']:.4f}, accuracy "
                     f"{m['mlm_accuracy']:.4f}, perplexity {m['mlm_perplexity']:.2f}")
             if "nsp_accuracy" in m:
-                text += f"; NSP accuracy {m['nsp_accuracy']:.4f}"
+                note = nsp_majority_note(m, eval_random_next_share(self.data_dir))
+                text += f"; NSP accuracy {m['nsp_accuracy']:.4f}{note}"
             lines.append(text)
         else:
             lines.append("  no eval shards: figures skipped" if self.data_dir else
@@ -118,7 +119,7 @@ def held_out_metrics(trained: TrainedModel, data_dir: str, batch_size: int | Non
     steps = (t.max_eval_steps if t else 100) if max_eval_steps is None else max_eval_steps
     sums = eval_sums(trained, info.eval_files, batch, steps or None)
     examples = int(sums.get("examples", 0))
-    return (metrics_from_sums(sums) if examples else None), examples
+    return ({**metrics_from_sums(sums), "sequences": examples} if examples else None), examples
 
 
 # -- the whole evaluation -------------------------------------------------------------------------------

@@ -152,8 +152,20 @@ def format_fill_mask(item: dict) -> str:
     """A fill-mask result as text: the sentence, the filled sentence and each slot's candidates."""
     lines = [f"  {item['text']}", f"    -> {item['filled']}"]
     for n, slot in enumerate(item["masks"], 1):
-        words = ", ".join(f"{c['word']} ({c['probability']:.3f})" for c in slot["candidates"])
-        lines.append(f"    mask {n}: {words}")
+        pieces = len(slot["positions"])
+        if pieces == 1:
+            words = ", ".join(f"{c['word']} ({_probability(c['probability'])})" for c in slot["candidates"])
+            lines.append(f"    mask {n}: {words}")
+            continue
+        # A word of several pieces: their joint probability is small by nature; the per-piece mean compares.
+        words = ", ".join(f"{c['word']} ({_probability(c['probability'])}; {c['probability'] ** (1 / pieces):.3f} "
+                          "per piece)" for c in slot["candidates"])
+        lines.append(f"    mask {n} ({pieces} pieces, joint probability; per piece: its geometric mean): {words}")
     if "is_next_probability" in item:
         lines.append(f"    P(second segment follows the first) = {item['is_next_probability']:.3f}")
     return "\n".join(lines)
+
+
+def _probability(p: float) -> str:
+    """Three decimals, or two significant digits below 0.001 (never a ``0.000`` that is not zero)."""
+    return f"{p:.3f}" if p >= 0.001 or p == 0 else f"{p:.1e}"

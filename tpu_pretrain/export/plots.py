@@ -87,12 +87,13 @@ def plot_scalars(scalars: dict, title: str = ""):
         raise UserInputError("No loss or accuracy scalars in the logs yet.")
     fig = Figure(figsize=(5.0 * len(panels), 4.0), layout="constrained")
     styles = {"train": dict(linestyle="-", alpha=0.8), "eval": dict(linestyle="--", marker="o", markersize=4)}
+    mlm_only = not any("nsp_loss" in split for split in scalars.values())
     for i, (name, tags) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         for n, tag in enumerate(tags):  # one colour per quantity: train solid, eval dashed
             for split in ("train", "eval"):
                 points = scalars.get(split, {}).get(tag)
-                if not points:
+                if not points or (mlm_only and tag == "mlm_loss"):  # MLM only: the same curve as loss
                     continue
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, label=f"{split} {tag}", color=f"C{n}", **styles[split])

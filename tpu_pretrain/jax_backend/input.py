@@ -177,12 +177,14 @@ def to_model_dtypes(features: dict) -> dict:
 
 def eval_batches(files: list[str], batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
                  max_batches: int | None = None):
-    """The eval shards' records in order, in whole batches of ``batch_size``, at most ``max_batches``."""
+    """The eval shards' records in order, in batches of ``batch_size`` (the last one shorter: every record is
+    evaluated, as ``evaluate`` does), at most ``max_batches``."""
     records = ShardSet(files)
     shapes = feature_shapes(max_seq_length, max_predictions_per_seq)
-    count = records.total // batch_size
+    count = -(-records.total // batch_size)
     for b in itertools.islice(range(count), max_batches or None):
-        shard, record = records.locate(np.arange(b * batch_size, (b + 1) * batch_size, dtype=np.int64))
+        rows = np.arange(b * batch_size, min((b + 1) * batch_size, records.total), dtype=np.int64)
+        shard, record = records.locate(rows)
         yield to_model_dtypes(decoded(records, shard, record, shapes))
 
 

@@ -220,16 +220,16 @@ class JaxTrainer:
                 "input_wait_share": wait / max(time.perf_counter() - tick, 1e-9)}
 
     def evaluate(self) -> dict | None:
-        """MLM loss/accuracy/perplexity and NSP loss/accuracy over up to max_eval_steps eval batches."""
+        """Eval metrics and their count over up to max_eval_steps batches, the last shorter one included."""
         if not self.eval_batch_size:
             return None
-        d, t = self.config.data, self.config.train
-        totals: dict = {}
+        d, t, totals, n = self.config.data, self.config.train, {}, self.devices.num_replicas
         for batch in eval_batches(self.data.eval_files, self.eval_batch_size, d.max_seq_length,
                                   d.max_predictions_per_seq, t.max_eval_steps):
-            batch = jax.device_put({k: batch[k] for k in BATCH_FEATURES}, self.devices.split())
+            split = self.devices.split() if len(batch["input_ids"]) % n == 0 else self.devices.replicated()
+            batch = jax.device_put({k: batch[k] for k in BATCH_FEATURES}, split)
             totals = add_sums(totals, jax.device_get(self._eval_step(self.state, batch)))
-        return metrics_from_sums(totals) if totals.get("examples") else None
+        return {**metrics_from_sums(totals), "sequences": int(totals["examples"])} if totals.get("examples") else None
 
     is_chief = True  # one machine: JAX's multi-host training is not offered yet
 

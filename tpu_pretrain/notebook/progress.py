@@ -7,15 +7,17 @@ has no rate or ETA of its own: tqdm would count the resumed steps as done in an 
 The line is shown whole, never cut: in a notebook it is updated in place under the bar (a display handle); in
 a terminal, printed as it comes. The process's other lines (:class:`StreamedLines`) go into one block of text in a
 notebook, not an output each: a saved notebook (Kaggle's versions, papermill, GitHub) shows separate outputs spaced
-apart, so a log printed line by line read double-spaced.
+apart, so a log printed line by line read double-spaced. ``tpu-pretrain train`` in a terminal shows the same bar and
+line itself (:class:`tpu_pretrain.formatting.TerminalProgress`), the log lines scrolling above them.
 """
 
 from __future__ import annotations
 
 import re
 
+from ..formatting import BAR_FORMAT
+
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b:?\s*")
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps"
 
 
 def in_notebook() -> bool:

@@ -123,7 +123,7 @@ def make_dataset(files: list[str], *, batch_size: int, max_seq_length: int, max_
                  training: bool, seed: int = 0, shuffle_buffer_size: int = 10_000,
                  masking: DynamicMasking | None = None, max_batches: int | None = None,
                  input_context: tf.distribute.InputContext | None = None, start_record: int = 0,
-                 records_per_epoch: int | None = None) -> tf.data.Dataset:
+                 records_per_epoch: int | None = None, drop_remainder: bool = True) -> tf.data.Dataset:
     """One input pipeline's batches (``batch_size`` is per replica when distributed).
 
     Training batches carry ``example_id`` (see :func:`training_records`); ``start_record`` is the
@@ -140,7 +140,7 @@ def make_dataset(files: list[str], *, batch_size: int, max_seq_length: int, max_
         ds = tf.data.Dataset.from_tensor_slices(sorted(files)).flat_map(tf.data.TFRecordDataset)
         if pipelines > 1:
             ds = ds.shard(pipelines, pipeline_id)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder or training)  # eval off a TPU: the last one too
     if max_batches:
         ds = ds.take(max_batches)
     if training:

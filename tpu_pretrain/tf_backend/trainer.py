@@ -82,7 +82,8 @@ class Trainer:
         if self.eval_batch_size:
             self.eval_dataset = distributed_dataset(
                 self.strategy, self.data.eval_files, self.eval_batch_size, max_steps=t.max_eval_steps, training=False,
-                max_seq_length=d.max_seq_length, max_predictions_per_seq=d.max_predictions_per_seq, seed=t.train_seed)
+                max_seq_length=d.max_seq_length, max_predictions_per_seq=d.max_predictions_per_seq, seed=t.train_seed,
+                drop_remainder=self.accelerator.kind == "tpu")  # static shapes on a TPU; elsewhere every record
         # A TPU compiles the whole step with XLA by itself. Elsewhere jit_compile asks for the same: the whole
         # replica step in one XLA computation on one device; under MirroredStrategy (GPUs, logical CPUs) the
         # cross-replica sums cannot sit inside one (merge_call), so forward, backward and accumulation form one
@@ -220,7 +221,7 @@ class Trainer:
                 totals = add_sums(totals, self._eval_loop(batch))
         if not totals.get("examples"):
             return None
-        return metrics_from_sums(totals)
+        return {**metrics_from_sums(totals), "sequences": int(totals["examples"])}
 
     def weights_finite(self) -> bool:
         """Whether every weight and optimizer slot is finite (no NaN or Inf): what may be saved."""
