@@ -59,11 +59,10 @@ def modernbert_run(data, tmp_path_factory) -> tuple[Path, str]:
 @pytest.fixture(scope="module")
 def random_bert(data, tmp_path_factory):
     """A BERT L2-H128 of the data's vocab from random initialisation on the TensorFlow backend, and its export."""
-    from tpu_pretrain.core.bert_config import bert_config_for_size
-
     from tpu_pretrain.data.vocab import load_vocab
     from tpu_pretrain.export.rebuild import TrainedModel
     from tpu_pretrain.export.writers import export_huggingface
+    from tpu_pretrain.models.bert_config import bert_config_for_size
     from tpu_pretrain.tf_backend.inference import TfInference
 
     vocab = str(Path(data).parent / "vocab.txt")

@@ -5,7 +5,7 @@ ungrammatical one that differ minimally. A masked LM scores a sentence by its ps
 al. 2020): every token masked in turn, the log-probability of the token summed; a pair is right when the
 grammatical sentence scores strictly higher (chance is 50%). The pairs come from a local copy (a folder of
 BLiMP's ``.jsonl`` files, or one file) or from the Hub (``nyu-mll/blimp``, with ``datasets``). The masked
-copies go through the run's own model (:class:`..core.inference.InferenceModel`), rebuilt at the length the
+copies go through the run's own model (:class:`..models.inference.InferenceModel`), rebuilt at the length the
 sentences need, so it works for either backend and family; results go to ``blimp.json`` beside evaluation.json.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.inference import InferenceModel
 from ..data.tokenization import load_tokenizer
 from ..errors import UserInputError
+from ..models.inference import InferenceModel
 from ..storage.local import write_text_atomic
 from .rebuild import TrainedModel, build_inference
 
@@ -155,7 +155,7 @@ def scoring_model(trained: TrainedModel, length: int) -> InferenceModel:
     if model.max_seq_length == length and model.max_predictions_per_seq == 1:
         return model
     short = build_inference(model.backend, model.config, length, 1, model.with_nsp)
-    short.load_google_weights(model.google_weights(), trained.weights)
+    short.load_stored_weights(model.stored_weights(), trained.weights)
     return short
 
 
