@@ -38,7 +38,7 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
 
     config = Config.load(
         recipe="modern", input=[str(corpus)], output_dir=str(out / "data"), vocab_file=str(vocab),
-        max_seq_length=128, dupe_factor=5, eval_fraction=0.05, do_whole_word_mask=True, workers=workers,
+        max_seq_length=128, dupe_factor=5, eval_fraction=0.1, do_whole_word_mask=True, workers=workers,
     )
     manifest = create_pretraining_data(config)
     print(f"[3/6] pretraining data: {out / 'data'}")
