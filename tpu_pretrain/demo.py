@@ -63,8 +63,10 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
         tf_line = f"original TF checkpoint export: {tf_ckpt}"
     else:  # Google's checkpoint format is written with TensorFlow, which the demo's environment leaves out
         tf_ckpt = None
-        tf_line = "original TF checkpoint export: skipped (needs TensorFlow: make install, then tpu-pretrain export RUN --format tf)"
+        tf_line = ("original TF checkpoint export: skipped (it needs TensorFlow: make install, then "
+                   f"tpu-pretrain export {run} --format tf)")
     print(f"[6/6] curves: {curves}; Hugging Face export: {hf}; {tf_line}")
     print(f"demo finished in {time.time() - started:.1f} s; artefacts under {out.resolve()}")
     return {"corpus": str(corpus), "vocab": str(vocab), "data_dir": str(out / "data"), "manifest": manifest,
-            "run": str(run), "train": result, "evaluation": evaluation, "hf": str(hf), "tf": str(tf_ckpt) if tf_ckpt else None}
+            "run": str(run), "train": result, "evaluation": evaluation, "hf": str(hf),
+            "tf": str(tf_ckpt) if tf_ckpt else None}
