@@ -14,7 +14,7 @@ from pathlib import Path
 from .config import Config
 
 
-def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int = 800) -> dict:
+def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int = 400) -> dict:
     """Corpus, vocab, shards, a small model trained on CPU, evaluation and exports; prints where each went."""
     from .data.create import create_pretraining_data
     from .data.sample_corpus import write_sample_corpus
