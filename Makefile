@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine with Python 3.11 and make: `make demo` and `make test`.
-# Each creates .venv and installs everything it needs on first use. `make test` also builds the TPU stack's own
-# environment (.venv-tpu: Python 3.12, tensorflow-tpu) and runs the TPU-relevant tests there on the CPU.
+# Each creates its environment and installs what it needs on first use (`make demo`: .venv-demo, `make test`:
+# .venv). `make test` also builds the TPU stack's own environment (.venv-tpu: Python 3.12, tensorflow-tpu) and
+# runs the TPU-relevant tests there on the CPU.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -87,8 +88,20 @@ test-tpu-images: install-tpu-images
 
 test: test-tpu-images
 
-demo: $(STAMP)
-	$(BIN)/tpu-pretrain demo --output_dir demo_run
+# -- The demo's own environment, .venv-demo: the package and the JAX backend (Keras 3 on JAX, CPU), nothing else ----
+# (no TensorFlow, PyTorch, transformers, Beam, ruff or storage emulator: the demo uses none of them; `make test` keeps
+# its complete .venv).
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
+
+$(DEMO_STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(DEMO_VENV)/bin/python -m pip install --quiet -e ".[jax]"
+	touch $@
+
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/tpu-pretrain demo --output_dir demo_run
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(JAX_VENV) .venv-colab .venv-kaggle demo_run .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(TPU_VENV) $(JAX_VENV) $(DEMO_VENV) .venv-colab .venv-kaggle demo_run .pytest_cache .ruff_cache *.egg-info

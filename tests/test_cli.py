@@ -69,5 +69,5 @@ def test_a_setting_in_the_wrong_section_names_its_section(tmp_path):
 
 def test_the_exit_codes_are_documented():
     assert all(f"{code} " in EXIT_CODES for code in (0, 1, 2, 75, 130))
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert "| 75 | `train` stopped early" in readme and "| 130 | interrupted" in readme
+    page = (Path(__file__).parents[1] / "docs" / "command-line.md").read_text()
+    assert "| 75 | `train` stopped early" in page and "| 130 | interrupted" in page

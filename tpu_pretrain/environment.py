@@ -33,7 +33,7 @@ MLIR_BRIDGE_FLAG = "--tf_mlir_enable_mlir_bridge=true"
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
 
 # Variables that are not settings of Config: each covers a case Config does not (tests, emulators,
-# sign-in); README.md lists them too.
+# sign-in); docs/layout.md lists them too.
 ENVIRONMENT_OVERRIDES = {
     "STORAGE_EMULATOR_HOST": "Send Cloud Storage calls to this emulator (http://host:port) without credentials.",
     "GOOGLE_APPLICATION_CREDENTIALS": "A service-account key file for Cloud Storage (on Kaggle: set from a secret).",

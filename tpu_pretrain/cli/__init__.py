@@ -4,7 +4,7 @@ Flags are generated from :mod:`tpu_pretrain.config`, so a flag, a notebook param
 keyword argument always share one name, and a subcommand offers exactly the settings tagged with its
 step. Booleans accept ``--flag``, ``--flag=false`` (the old absl style of Google's scripts) and ``--noflag``.
 
-- ``parser``: the registry, flags, parsing, ``main`` and the exit codes (README.md lists them).
+- ``parser``: the registry, flags, parsing, ``main`` and the exit codes (docs/command-line.md lists them).
 - ``pipeline``, ``models``, ``tpu``: the subcommands, registered when this package is imported.
 """
 

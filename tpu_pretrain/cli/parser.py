@@ -5,7 +5,7 @@ keyword argument always share one name, and a subcommand offers exactly the sett
 step. Booleans accept ``--flag``, ``--flag=false`` (the old absl
 style of Google's scripts) and ``--noflag``.
 
-Exit codes (README.md lists them too): 0 done; 1 the command ran but something failed (a transfer,
+Exit codes (docs/command-line.md lists them too): 0 done; 1 the command ran but something failed (a transfer,
 a storage check, a create-data worker that died); 2 bad input or a refusal (the message says why and what to
 do); 75 training stopped early (SIGTERM, Ctrl-C, the session's deadline) and the same command continues it; 130
 interrupted.
