@@ -31,7 +31,8 @@ def command(data_dir, run, backend, steps, *extra):
             "--output_dir", str(run), "--model_size", "L2-H128", "--train_batch_size", "8", "--num_train_steps",
             str(steps), "--num_warmup_steps", "2", "--learning_rate", str(PEAK), "--save_checkpoints_steps", "2",
             "--log_every_steps", "1", "--eval_every_steps", "0", "--steps_per_execution", "1",
-            "--hidden_dropout_prob", "0", "--session_hours", "-1", "--accelerator", "cpu", *extra]
+            "--hidden_dropout_prob", "0", "--session_hours", "-1", "--accelerator", "cpu", "--recipe", "classic",
+            *extra]
 
 
 def stopped_after(step: int, args: list[str], run) -> subprocess.CompletedProcess:

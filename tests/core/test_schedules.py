@@ -14,7 +14,8 @@ from tpu_pretrain.errors import UserInputError
 
 
 def plan(**settings) -> Schedule:
-    return planned(Config.load(learning_rate=1.0, **settings).train)
+    """BERT's linear decay (the classic recipe's) unless a test asks for another schedule."""
+    return planned(Config.load(learning_rate=1.0, **{"recipe": "classic", **settings}).train)
 
 
 def rates(schedule: Schedule, steps) -> list[float]:
@@ -47,8 +48,10 @@ def check_continuous(before: Schedule, after: Schedule, step: int, end: float, t
 
 def test_more_steps_mid_decay_decay_on_from_the_rate_reached():
     """The issue's case: a 100k-step run stopped at 60k and resumed with 200k went 4.0e-5 -> 7.0e-5."""
-    before = planned(Config.load(learning_rate=1e-4, num_train_steps=100_000, num_warmup_steps=10_000).train)
-    wanted = planned(Config.load(learning_rate=1e-4, num_train_steps=200_000, num_warmup_steps=10_000).train)
+    before = planned(Config.load(learning_rate=1e-4, num_train_steps=100_000, num_warmup_steps=10_000,
+                                 recipe="classic").train)
+    wanted = planned(Config.load(learning_rate=1e-4, num_train_steps=200_000, num_warmup_steps=10_000,
+                                 recipe="classic").train)
     assert before.rate(60_000) == pytest.approx(4.0e-5) and wanted.rate(60_000) == pytest.approx(7.0e-5)
     after, change = resume(wanted, before.record(before), 60_000, 0)
     assert "num_train_steps 100000 -> 200000" in change and "4e-05" in change

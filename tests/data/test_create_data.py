@@ -313,11 +313,11 @@ def test_cli_create_data_prints_the_summary(small_vocab, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tpu_pretrain", "create-data", "--input", str(corpus), "--vocab_file", vocab,
          "--output_dir", str(tmp_path / "d"), "--dupe_factor", "1", "--max_seq_length", "64",
-         "--max_predictions_per_seq", "10"], capture_output=True, text=True, env={**os.environ})
+         "--max_predictions_per_seq", "10", "--recipe", "classic"], capture_output=True, text=True, env={**os.environ})
     assert result.returncode == 0, result.stderr
     assert "train: " in result.stdout and "instances" in result.stdout
     derived = create_data_cli("--input", corpus, "--vocab_file", vocab, "--output_dir", tmp_path / "derived",
-                              "--dupe_factor", "1", "--max_seq_length", "64")  # its max_predictions from the length
+                              "--dupe_factor", "1", "--max_seq_length", "64", "--recipe", "classic")  # derived
     assert derived.returncode == 0, derived.stderr
     assert _digests(tmp_path / "derived") == _digests(tmp_path / "d")  # 10 for 64 at 0.15: the same bytes
     assert json.loads((tmp_path / "derived" / "manifest.json").read_text())["settings"]["max_predictions_per_seq"] == 10
