@@ -257,7 +257,7 @@ def test_weights_move_between_the_backends_through_the_exports(data_dir, tmp_pat
     final ones; that JAX run's weights, evaluated by the TensorFlow model, give its own figures again."""
     common = ["--data_dir", data_dir, "--model_size", "L2-H128", "--train_batch_size", str(B), "--num_warmup_steps",
               "1", "--save_checkpoints_steps", "4", "--eval_every_steps", "0", "--session_hours", "-1",
-              "--max_eval_steps", "2"]
+              "--max_eval_steps", "2", "--recipe", "classic"]
     tf_run, jax_run = tmp_path / "tf", tmp_path / "jax"
     cli("train", "--output_dir", str(tf_run), "--num_train_steps", "4", *common)
     cli("export", str(tf_run), "--format", "tf")
