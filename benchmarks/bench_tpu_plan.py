@@ -68,7 +68,7 @@ def attention_taken(output: str) -> str:
     said = [line.split("Attention:", 1)[1].strip().rstrip(".") for line in output.splitlines() if "Attention:" in line]
     if any("splash" in s for s in said):
         return "splash"
-    return "xla" if said or output else "-"
+    return "xla" if said else "-"
 
 
 def plan_row(name: str, flags: list[str], target: str, timeout: float, attention: str = "auto",
