@@ -2,10 +2,10 @@
 splash_attention``): a maintained Pallas kernel that never materialises the score matrix, so ModernBERT's lengths
 (1,024, 8,192) fit on a chip where XLA's attention holds every ``[heads, length, length]`` matrix.
 
-One kernel per (length, heads, window, block sizes) is built, as the API wants, from a :class:`MultiHeadMask` of the
+One kernel per (length, heads, window, block sizes) is built, as the API wants, from a ``MultiHeadMask`` of the
 same static mask for every head: ``FullMask`` for global attention, ``LocalMask`` with ``(window, window)`` for
 ModernBERT's sliding window (transformers' rule ``|q - k| <= local_attention // 2``). Documents and padding come in
-as the kernel's :class:`SegmentIds` (a token attends only to tokens of its own segment; padding is a segment of its
+as the kernel's ``SegmentIds`` (a token attends only to tokens of its own segment; padding is a segment of its
 own), so the kernel computes what :func:`.model.fused_attention`'s XLA path computes with the same document mask at
 every real token (padding's own outputs differ and are never read). The kernel has no scale: queries are scaled by
 ``1 / sqrt(head_size)`` first, in float32. It runs per example (``vmap``), and over a mesh of several chips inside
