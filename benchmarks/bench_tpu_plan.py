@@ -1,6 +1,7 @@
 """What fits on the free TPUs, from the TPU compiler: the plan command over BERT and ModernBERT at their lengths.
 
 Usage: python benchmarks/bench_tpu_plan.py [--targets v5e-1 v5e-8 v6e-1] [--rows bert-base-128 ...] [--results FILE]
+           [--attention auto xla splash] [--batch N]
        python benchmarks/bench_tpu_plan.py --smoke   (a tiny BERT for each free target, or for the CPU's compiler
                                                       where no TPU compiler is installed: the machinery only)
 
@@ -9,7 +10,13 @@ compiled for each target without a TPU (``pip install 'jax[tpu]'`` beside the pr
 compile time, memory per chip (weights and optimizer state, temporaries, total) against the chip's HBM, fits or the
 largest batch that does (found by compiling), and XLA's FLOPs per chip-step against the project's formula (the MFU
 denominator). Batches are the notebooks' defaults: 128 on a one-chip runtime (Colab's ``03``), 256 on Kaggle's
-v5e-8 (``04``); the modern recipe (MLM only, 30% masking), bfloat16, as ``train`` on a TPU runs it.
+v5e-8 (``04``); the modern recipe (MLM only, 30% masking), bfloat16, as ``train`` on a TPU runs it. ``--batch``
+asks another global batch (a large one makes the plan search down to the largest that fits).
+
+``--attention`` compiles each row once per attention path (``TPU_PRETRAIN_ATTENTION`` in the plan's environment):
+``auto`` (the splash kernel on a TPU at lengths that are multiples of 128, :mod:`tpu_pretrain.jax_backend.splash`),
+``xla`` (XLA's attention, every score matrix materialised), ``splash`` (the kernel forced). The table's attention
+column is the path asked and, after it, the path the plan's log says the layers took.
 
 Each finished plan is appended to ``--results`` (JSON lines) and skipped when the benchmark is run again, so a long
 matrix (a BERT-large compile takes tens of minutes on a 2-core machine) can be run in parts; ``--table`` prints the
@@ -37,6 +44,8 @@ ROWS = {
     "bert-large-512": ["--model_size", "L24-H1024", "--max_seq_length", "512"],
     "modernbert-base-1024": ["--model_family", "modernbert", "--model_size", "base", "--max_seq_length", "1024",
                              "--max_position_embeddings", "8192"],
+    "modernbert-base-8192": ["--model_family", "modernbert", "--model_size", "base", "--max_seq_length", "8192",
+                             "--max_position_embeddings", "8192"],
     "modernbert-large-1024": ["--model_family", "modernbert", "--model_size", "large", "--max_seq_length", "1024",
                               "--max_position_embeddings", "8192"],
     "modernbert-large-8192": ["--model_family", "modernbert", "--model_size", "large", "--max_seq_length", "8192",
@@ -47,26 +56,51 @@ DEFAULT_BATCH = {"v5e-8": 256}  # Kaggle's notebook; the one-chip runtimes' is 1
 COMMON = ["--recipe", "modern", "--vocab_size", "30522", "--num_train_steps", "100000"]
 
 
-def batch_for(target: str) -> int:
-    return DEFAULT_BATCH.get(target, 128)
+ATTENTION = ("auto", "xla", "splash")  # TPU_PRETRAIN_ATTENTION, as tpu_pretrain.jax_backend.model reads it
 
 
-def plan_row(name: str, flags: list[str], target: str, timeout: float) -> dict:
-    """``tpu-pretrain plan`` for one row and target, in its own process; its saved plan (or why there is none)."""
+def batch_for(target: str, batch: int | None = None) -> int:
+    return batch or DEFAULT_BATCH.get(target, 128)
+
+
+def attention_taken(output: str) -> str:
+    """The attention path the plan's log says the layers took ("Attention: splash kernel (...)." lines)."""
+    said = [line.split("Attention:", 1)[1].strip().rstrip(".") for line in output.splitlines() if "Attention:" in line]
+    if any("splash" in s for s in said):
+        return "splash"
+    return "xla" if said else "-"
+
+
+def plan_row(name: str, flags: list[str], target: str, timeout: float, attention: str = "auto",
+             batch: int | None = None) -> dict:
+    """``tpu-pretrain plan`` for one row, target and attention path, in its own process; its saved plan (or why
+    there is none)."""
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as folder:
         saved = Path(folder) / "plan.json"
         command = [sys.executable, "-m", "tpu_pretrain", "plan", "--tpu", target, *COMMON, *flags,
-                   "--train_batch_size", str(batch_for(target)), "--save", str(saved)]
+                   "--train_batch_size", str(batch_for(target, batch)), "--save", str(saved)]
         start = time.perf_counter()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TPU_PRETRAIN_ATTENTION": attention}
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
             output, code = done.stdout + done.stderr, done.returncode
         except subprocess.TimeoutExpired as exc:
             output, code = f"{exc.stdout or ''}\nstopped after {timeout:.0f} s", -1
         plan = json.loads(saved.read_text()) if saved.is_file() else None
-    return {"row": name, "target": target, "exit": code, "seconds": time.perf_counter() - start, "plan": plan,
+    return {"row": name, "target": target, "attention": attention, "taken": attention_taken(output),
+            "batch": batch_for(target, batch), "exit": code, "seconds": time.perf_counter() - start, "plan": plan,
             "output": output[-3000:]}
+
+
+def _key(r: dict) -> tuple:
+    """What identifies a result: row, target, attention asked, batch asked (results from before the attention
+    option are ``auto`` at the notebooks' batch)."""
+    return r["row"], r["target"], r.get("attention", "auto"), r.get("batch", batch_for(r["target"]))
+
+
+def _attention(r: dict) -> str:
+    asked, taken = r.get("attention", "auto"), r.get("taken", "-")
+    return asked if taken in ("-", asked) else f"{asked}: {taken}"
 
 
 def _gib(n) -> str:
@@ -79,14 +113,15 @@ def _total(step: dict) -> int | None:
 
 def table(results: list[dict]) -> str:
     """The README's table: one line per row and target."""
-    lines = ["| model, length | target | batch (per chip) | compile s (compiles: plan s) | weights+opt / temporaries / "
-             "total GiB per chip "
+    lines = ["| model, length | target | attention | batch (per chip) | compile s (compiles: plan s) "
+             "| weights+opt / temporaries / total GiB per chip "
              "| fits? (else the largest batch that does) | XLA FLOPs per chip-step / formula |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         p = r["plan"]
         if p is None:
-            lines.append(f"| {r['row']} | {r['target']} | {batch_for(r['target'])} | - | - | "
+            asked = r.get("batch", batch_for(r["target"]))
+            lines.append(f"| {r['row']} | {r['target']} | {_attention(r)} | {asked} | - | - | "
                          f"no plan (exit {r['exit']}) | - |")
             continue
         a, devices = p["asked"], p["devices"]
@@ -108,8 +143,8 @@ def table(results: list[dict]) -> str:
         if a.get("flops"):
             formula = p["formula_flops"] * a["batch"] / devices
             flops = f"{a['flops']:.3g} / {formula:.3g} ({a['flops'] / formula:.2f})"
-        lines.append(f"| {r['row']} | {r['target']} | {a['batch']} ({a['batch'] // devices}) | {a['seconds']:.0f} "
-                     f"({len(p['compiles'])}: {r['seconds']:.0f}) | "
+        lines.append(f"| {r['row']} | {r['target']} | {_attention(r)} | {a['batch']} ({a['batch'] // devices}) | "
+                     f"{a['seconds']:.0f} ({len(p['compiles'])}: {r['seconds']:.0f}) | "
                      f"{memory} | {verdict} | {flops} |")
     return "\n".join(lines)
 
@@ -120,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--results", default="bench_tpu_plan.jsonl", help="JSON lines, appended to and resumed from")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds for one row and target")
+    parser.add_argument("--attention", nargs="+", default=["auto"], choices=ATTENTION,
+                        help="attention paths to compile each row with (TPU_PRETRAIN_ATTENTION)")
+    parser.add_argument("--batch", type=int, default=None, help="global batch asked (default: the notebooks')")
     parser.add_argument("--smoke", action="store_true", help="a tiny BERT for each target")
     parser.add_argument("--table", action="store_true", help="only print the table of the results there")
     args = parser.parse_args(argv)
@@ -134,16 +172,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.table:
         for name, flags in rows.items():
             for target in args.targets:
-                if any(r["row"] == name and r["target"] == target for r in done):
-                    continue
-                result = plan_row(name, flags, target, args.timeout)
-                done.append(result)
-                with open(results_file, "a") as handle:
-                    handle.write(json.dumps(result) + "\n")
-                print(table([result]).splitlines()[-1], flush=True)
+                for attention in args.attention:
+                    if any(_key(r) == (name, target, attention, batch_for(target, args.batch)) for r in done):
+                        continue
+                    result = plan_row(name, flags, target, args.timeout, attention, args.batch)
+                    done.append(result)
+                    with open(results_file, "a") as handle:
+                        handle.write(json.dumps(result) + "\n")
+                    print(table([result]).splitlines()[-1], flush=True)
     order = {name: i for i, name in enumerate(rows)}
     targets = {name: i for i, name in enumerate(args.targets)}
-    shown = sorted((r for r in done if r["row"] in rows), key=lambda r: (order[r["row"]], targets.get(r["target"], 99)))
+    paths = {name: i for i, name in enumerate(ATTENTION)}
+    shown = sorted((r for r in done if r["row"] in rows),
+                   key=lambda r: (order[r["row"]], targets.get(r["target"], 99), paths[r.get("attention", "auto")],
+                                  r.get("batch", 0)))
     print(table(shown))
     return 0
 

@@ -261,9 +261,14 @@ def document_separator(plan) -> int | None:
     return separator_id(plan.model_config, plan.vocab)
 
 
-def separator_id(model_config, vocab: Vocab | str) -> int:
-    """The [SEP] id: ModernBERT's config says it; BERT's is the vocab's ``[SEP]``."""
+def separator_id(model_config, vocab: Vocab | str | None) -> int:
+    """The [SEP] id: ModernBERT's config says it; BERT's is the vocab's ``[SEP]``; no vocab yet (the plan command
+    before the data exists): the id ``tpu-pretrain vocab`` gives it, as the planned ModernBERT config takes it."""
     sep = getattr(model_config, "sep_token_id", None)
+    if sep is None and vocab is None:
+        from ..data.vocab_tokenizer import SPECIAL_TOKENS
+
+        sep = SPECIAL_TOKENS.index("[SEP]")
     if sep is None:
         vocab = vocab if isinstance(vocab, Vocab) else Vocab.read(vocab)
         if "[SEP]" not in vocab.tokens:
