@@ -202,6 +202,13 @@ class TrainConfig:
                            steps=(TRAIN,))
     task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
                          steps=(TRAIN,))
+    coordinator_address: str = _f("", "JAX backend on several machines (or processes): process 0's HOST:PORT, the "
+                                  "same on each; empty: one process, or what JAX finds by itself (a TPU VM pod, "
+                                  "JAX_COORDINATOR_ADDRESS).", steps=(TRAIN,))
+    num_processes: int = _f(0, "JAX backend: how many processes train together (one per machine); 0: one, or what "
+                            "JAX finds by itself on a TPU VM pod; 1: this machine alone.", steps=(TRAIN,))
+    process_index: int = _f(0, "JAX backend: this process's place among --num_processes (0: the chief, which "
+                            "writes the run folder).", steps=(TRAIN,))
     worker_wait_minutes: float = _f(10.0, "Several machines: how long each waits for the others to start before "
                                     "giving up, naming the missing ones.", steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, bfloat16 "
