@@ -55,8 +55,10 @@ class Devices:
 
     def put(self, tree, sharding):
         """Host arrays (the same on every process) onto ``sharding``: each process places only its own shards."""
-        return jax.tree.map(lambda x: jax.make_array_from_callback(
-            np.shape(x), sharding, lambda index, x=np.asarray(x): x[index]), tree)
+        def one(x):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+        return jax.tree.map(one, tree)
 
     def put_local_rows(self, tree):
         """This process's rows of a split batch (:meth:`local_rows`) as the global batch over the mesh."""

@@ -2,7 +2,7 @@
 
 The step itself (loss, accumulated gradients, clipping, AdamW/LAMB, the float16 loss scale) is pure functions in
 :mod:`.step`; this class holds the state, places it and the input on the devices (``jax.sharding``: weights
-replicated, every batch split over the devices of every process: :mod:`.devices`) and compiles the steps, several to a call (a ``lax.scan``
+replicated, every batch split over every process's devices) and compiles the steps, several to a call (a ``lax.scan``
 over stacked batches). The same guarantees as :mod:`..tf_backend.trainer`: losses normalised over the *global*
 batch (any number of devices, and k accumulated micro-batches, give the same update), bfloat16 compute where the
 accelerator has it (float16 with dynamic loss scaling where asked for: GPUs without bfloat16, such as the T4),
