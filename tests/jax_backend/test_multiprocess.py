@@ -1,9 +1,12 @@
 """The JAX backend on several processes through the real command line: two CPU processes (JAX's own runtime, gloo
 collectives, a loopback coordinator) train as one, each reading its rows of the global batch, and give the loss
-curve, the example order and the final weights of one process training the same global batch alone."""
+curve and the final weights of one process training the same global batch alone; the run continues on one process
+with the examples the uninterrupted run would have read."""
 
 from __future__ import annotations
 
+import glob
+import json
 import socket
 import subprocess
 import sys
@@ -14,6 +17,7 @@ import pytest
 from fault_injection import ENV, sample_data
 
 from tpu_pretrain.export.plots import read_scalars
+from tpu_pretrain.jax_backend.input import TrainingBatches
 from tpu_pretrain.models.run_weights import read_arrays
 
 STEPS = 4
@@ -43,17 +47,20 @@ def environment(devices: int) -> dict:
     return {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
-def train(data_dir: str, run: Path, processes: int, devices: int) -> list[str]:
-    """Train with ``processes`` processes of ``devices`` CPU devices each; what each printed."""
-    port, extra = free_port(), []
-    started = []
+def start(data_dir: str, run: Path, processes: int, devices: int, *extra: str) -> list:
+    """Start training with ``processes`` processes of ``devices`` CPU devices each (loopback coordinator)."""
+    port, started = free_port(), []
     for index in range(processes):
-        if processes > 1:
-            extra = ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", str(processes),
-                     "--process_index", str(index)]
-        log = open(f"{run}.{index}.log", "w+")  # noqa: SIM115 - read back after the process ends
-        started.append((subprocess.Popen(command(data_dir, run, *extra), stdout=log, stderr=subprocess.STDOUT,
-                                         env=environment(devices)), log))
+        several = ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", str(processes),
+                   "--process_index", str(index)] if processes > 1 else []
+        log = open(f"{run}.{index}.log", "w+")  # noqa: SIM115 - read back when the process has ended
+        started.append((subprocess.Popen(command(data_dir, run, *several, *extra), stdout=log,
+                                         stderr=subprocess.STDOUT, env=environment(devices)), log))
+    return started
+
+
+def finish(started: list) -> list[str]:
+    """What each process printed, once all have ended (each must have succeeded)."""
     outputs = []
     for process, log in started:
         try:
@@ -67,23 +74,37 @@ def train(data_dir: str, run: Path, processes: int, devices: int) -> list[str]:
     return outputs
 
 
-def test_two_processes_train_as_one_process_with_the_same_global_batch(data, tmp_path):
+def expected_ids(data_dir: str, steps: int) -> list[str]:
+    """example_ids.jsonl's lines as the global order defines them: a pure function of seed and position."""
+    batches = TrainingBatches(sorted(glob.glob(f"{data_dir}/train-*.tfrecord")), 8, 64, 10, seed=0)
+    try:
+        return [json.dumps({"step": step + 1, "ids": batches.batch(step)[0].tolist()}) for step in range(steps)]
+    finally:
+        batches.close()
+
+
+def test_two_processes_train_as_one_process_with_the_same_global_batch_and_resume_on_one(data, tmp_path):
     alone, together = tmp_path / "alone", tmp_path / "together"
-    train(data, alone, processes=1, devices=2)
-    chief, follower = train(data, together, processes=2, devices=1)
+    runs = start(data, alone, processes=1, devices=2), start(data, together, processes=2, devices=1)
+    finish(runs[0])
+    chief, follower = finish(runs[1])
     assert "CPU: 2 device(s) over 2 processes" in chief and "follows process 0" in follower
     # One writer: the chief's scalars alone (an event file is named by the process that writes it).
     assert len(list((together / "logs" / "train").glob("events.out.tfevents.*"))) == 1
     curves = [read_scalars(run)["train"]["loss"] for run in (alone, together)]
     assert [s for s, _ in curves[1]] == list(range(1, STEPS + 1))
     np.testing.assert_allclose([v for _, v in curves[1]], [v for _, v in curves[0]], rtol=1e-5)
-    # The same examples in the same order: the order is the global batch's, whoever reads which rows.
-    assert (together / "logs" / "example_ids.jsonl").read_text() == (alone / "logs" / "example_ids.jsonl").read_text()
     final = [read_arrays(run / "checkpoints" / f"ckpt-{STEPS:09d}") for run in (alone, together)]
     assert final[0].keys() == final[1].keys()
     for name, value in final[0].items():
         np.testing.assert_allclose(final[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     assert sorted(p.name for p in (together / "checkpoints").glob("ckpt-*")) == ["ckpt-000000002", "ckpt-000000004"]
+
+    # The two-process run continued on one process: the examples the uninterrupted run would have read, in order.
+    resumed = finish(start(data, together, 1, 1, "--num_train_steps", str(STEPS + 2), "--rewarm_steps", "1"))[0]
+    assert f"Resuming from {together / 'checkpoints' / f'ckpt-{STEPS:09d}'}: step {STEPS}" in resumed
+    logged = (together / "logs" / "example_ids.jsonl").read_text().splitlines()
+    assert logged == expected_ids(data, STEPS + 2)
 
 
 def test_several_processes_are_the_jax_backends_and_need_all_three_settings(data, tmp_path):
