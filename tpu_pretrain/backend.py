@@ -79,6 +79,10 @@ class Offer:
 OFFERS = (
     Offer("worker_hosts", bool, (TENSORFLOW,), "training on several machines"),
     Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
+    # JAX's own multi-process runtime (jax.distributed): a TPU VM pod's hosts, or several GPU machines.
+    Offer("coordinator_address", bool, (JAX,), "training on several machines with JAX's runtime"),
+    Offer("num_processes", lambda n: n > 1, (JAX,), "training on several machines with JAX's runtime"),
+    Offer("process_index", bool, (JAX,), "training on several machines with JAX's runtime"),
     Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
     Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
     # A family one backend alone builds (ModernBERT): no machine makes the other backend right for it.

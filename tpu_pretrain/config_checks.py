@@ -135,6 +135,7 @@ def _check_train(t) -> None:
              "use 0 (no new warmup) or a positive count of steps, e.g. 100")
     for key in ("train_seed", "shuffle_buffer_size", "task_index"):
         _require(getattr(t, key) >= 0, key, getattr(t, key), "use 0 or more")
+    _check_processes(t)
     _require(t.save_checkpoints_steps >= 0, "save_checkpoints_steps", t.save_checkpoints_steps,
              "use 0 (by time alone) or more")
     _require(t.save_checkpoints_minutes >= 0, "save_checkpoints_minutes", t.save_checkpoints_minutes,
@@ -284,6 +285,20 @@ def coerce(key: str, value: Any, kind: Any, choices, source: str) -> Any:
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"Setting '{key}' in {source} is {result!r}; choose one of {', '.join(choices)}.{hint}")
     return result
+
+
+def _check_processes(t) -> None:
+    """JAX's several processes: all three settings together, or none (one process, or what JAX finds itself)."""
+    _require(t.num_processes >= 0, "num_processes", t.num_processes, "use 0 (one, or what JAX finds) or more")
+    _require(0 <= t.process_index < max(t.num_processes, 1), "process_index", t.process_index,
+             f"use 0 to {max(t.num_processes, 1) - 1}: this process's place among num_processes={t.num_processes}")
+    address = t.coordinator_address
+    host, _, port = address.rpartition(":")
+    _require(not address or (host and port.isdigit() and 0 < int(port) < 65536), "coordinator_address", address,
+             "give process 0's HOST:PORT, e.g. 10.0.0.2:8476 (the same on every process)")
+    _require(bool(address) == (t.num_processes > 1), "coordinator_address" if address else "num_processes",
+             address or t.num_processes, "give --coordinator_address HOST:PORT, --num_processes N (2 or more) and "
+             "--process_index I together on every process (or none of them: one process, or a TPU VM pod)")
 
 
 def _require(ok: bool, key: str, value: Any, fix: str) -> None:

@@ -7,7 +7,9 @@ find their way. Field names are unique across sections, so a flat mapping is una
 Each setting carries two tags: the steps that take it (which decides the flags each ``tpu-pretrain`` subcommand
 offers) and what it pins: ``data`` settings shape the bytes of the shards (create-data refuses to mix them in one
 folder), ``run`` settings shape a run's checkpoints (train refuses to continue a run with other values). Only
-declarations live here; :mod:`.config` builds, reads and checks a :class:`.config.Config` from them.
+declarations live here; :mod:`.config` builds, reads and checks a :class:`.config.Config` from them. A ``launch``
+setting says which process of a launch this is, not what the run is: a run continued in its folder does not take it
+from the run's config.json.
 """
 
 from __future__ import annotations
@@ -202,6 +204,14 @@ class TrainConfig:
                            steps=(TRAIN,))
     task_index: int = _f(0, "This machine's place in --worker_hosts (0: the chief, which writes the run folder).",
                          steps=(TRAIN,))
+    coordinator_address: str = _f("", "JAX backend on several machines (or processes): process 0's HOST:PORT, the "
+                                  "same on each; empty: one process, or what JAX finds by itself (a TPU VM pod, "
+                                  "JAX_COORDINATOR_ADDRESS).", steps=(TRAIN,), launch=True)
+    num_processes: int = _f(0, "JAX backend: how many processes train together (one per machine); 0: one, or what "
+                            "JAX finds by itself on a TPU VM pod; 1: this machine alone.", steps=(TRAIN,),
+                            launch=True)
+    process_index: int = _f(0, "JAX backend: this process's place among --num_processes (0: the chief, which "
+                            "writes the run folder).", steps=(TRAIN,), launch=True)
     worker_wait_minutes: float = _f(10.0, "Several machines: how long each waits for the others to start before "
                                     "giving up, naming the missing ones.", steps=(TRAIN,))
     mixed_precision: str = _f("auto", "auto (bfloat16 TPU, float16 on capable GPUs, float32 CPU), float32, bfloat16 "

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 from ..config import (
     Config,
+    TrainConfig,
     all_fields,
     field_type,
 )
@@ -86,7 +87,10 @@ def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
 
         saved = RunFolder(overrides.get("output_dir", "")).config_file
         if saved.is_file():  # an existing run folder continues (or is planned) with its settings; flags override
-            base = str(saved)  # the safe ones
+            base = str(saved)  # the safe ones; which process this is belongs to this launch alone
+            for f in dataclasses.fields(TrainConfig):
+                if f.metadata.get("launch"):
+                    overrides.setdefault(f.name, f.default)
     return Config.load(base, **overrides)
 
 

@@ -309,6 +309,7 @@ def _at_boundary(trainer: Trainer, step: int, metrics: dict, scalars: ScalarLog,
                             "steps_per_second": throughput.steps_per_second, "mfu": metrics.get("mfu"),
                             "saved_at": time.time(),
                             "lr_schedule": trainer.plan.schedule.record(trainer.plan.planned_schedule)})
+        trainer.any_worker(False)  # several machines: each waits here until the chief's checkpoint is complete
         cadence.saved()
     if not stopping:
         return None

@@ -1,19 +1,24 @@
 """The JAX devices to train on, the data-parallel mesh over them, and the precision to train in.
 
-Every local device is one data-parallel replica: the weights are replicated and each batch is split
+Every device is one data-parallel replica: the weights are replicated and each batch is split
 along its examples (8 cores on Kaggle's v5e-8, 1 chip on Colab's v5e-1, the logical CPU devices of
-``XLA_FLAGS=--xla_force_host_platform_device_count=N`` in tests).
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` in tests). Several processes (a TPU VM pod's hosts,
+several GPU machines: :func:`start_processes`, JAX's own runtime) make one mesh over every process's devices;
+each process holds the rows of a batch that land on its own devices (:meth:`Devices.local_rows`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..errors import UserInputError
+from ..runtime import in_colab, in_kaggle, tpu_vm_present
 
 log = logging.getLogger(__name__)
 AXIS = "data"
@@ -36,6 +41,31 @@ class Devices:
     def mesh(self) -> Mesh:
         return Mesh(self.devices, (AXIS,))
 
+    @property
+    def processes(self) -> int:
+        """How many processes' devices the mesh spans (1 unless :func:`start_processes` joined several)."""
+        return len({d.process_index for d in self.devices})
+
+    def local_rows(self, rows: int) -> slice:
+        """The rows of a ``rows``-row batch split over the mesh that land on this process's devices (contiguous:
+        the mesh takes the devices in process order)."""
+        spans = sorted((i[0].start or 0, rows if i[0].stop is None else i[0].stop)
+                       for i in self.split().addressable_devices_indices_map((rows,)).values())
+        return slice(spans[0][0], spans[-1][1])
+
+    def put(self, tree, sharding):
+        """Host arrays (the same on every process) onto ``sharding``: each process places only its own shards."""
+        def one(x):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+        return jax.tree.map(one, tree)
+
+    def put_local_rows(self, tree):
+        """This process's rows of a split batch (:meth:`local_rows`) as the global batch over the mesh."""
+        sharding, count = self.split(), self.processes
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+            sharding, x, (x.shape[0] * count, *x.shape[1:])), tree)
+
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
@@ -52,7 +82,55 @@ class Devices:
         return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
 
     def describe(self) -> str:
-        return f"{self.kind.upper()}: {self.num_replicas} device(s), {self.precision}"
+        over = f" over {self.processes} processes" if self.processes > 1 else ""
+        return f"{self.kind.upper()}: {self.num_replicas} device(s){over}, {self.precision}"
+
+
+def fetch(tree):
+    """Arrays of the devices on this host as NumPy: a replicated array from this process's own copy (an array over
+    several processes cannot be fetched whole, and needs no gathering when every process holds all of it)."""
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.sharding.is_fully_replicated:
+                raise ValueError(f"An array of shape {x.shape} split over several processes cannot be read here.")
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(jax.device_get(x))
+    return jax.tree.map(one, tree)
+
+
+def is_chief() -> bool:
+    """Whether this process writes the run folder: the only process, or process 0 of several."""
+    return jax.process_index() == 0
+
+
+def start_processes(coordinator_address: str = "", num_processes: int = 0, process_index: int = 0) -> int:
+    """Join JAX's multi-process runtime where asked (before any other use of JAX); the number of processes.
+
+    Given the three settings: those processes (on CPU with gloo collectives, as the tests run them). Not given:
+    ``jax.distributed.initialize()`` finds its peers by itself on a TPU VM (not Colab's or Kaggle's, which have one
+    host) and wherever ``JAX_COORDINATOR_ADDRESS`` is set; else one process. ``num_processes`` 1: this one alone.
+    """
+    if jax.distributed.is_initialized():
+        return jax.process_count()
+    auto = not coordinator_address and num_processes == 0 and (
+        bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (tpu_vm_present() and not (in_colab() or in_kaggle())))
+    if num_processes <= 1 and not auto:
+        return 1
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices' collectives; others' ignore it
+    try:
+        if auto:
+            jax.distributed.initialize()
+        else:
+            jax.distributed.initialize(coordinator_address, num_processes, process_index)
+    except (RuntimeError, ValueError) as exc:
+        given = (f"--coordinator_address {coordinator_address} --num_processes {num_processes} --process_index "
+                 f"{process_index}" if not auto else "the TPU VM pod's or JAX_COORDINATOR_ADDRESS's settings")
+        raise UserInputError(f"JAX's multi-process runtime did not start with {given}: {exc}. Start the same "
+                             "command on every process within a few minutes, process 0's address reachable from "
+                             "all; or --num_processes 1 to train on this machine alone.") from None
+    log.info("JAX process %d of %d (%s).", jax.process_index(), jax.process_count(),
+             "the chief: writes the run folder" if is_chief() else "follows process 0")
+    return jax.process_count()
 
 
 def _supports_bfloat16(device) -> bool:
@@ -74,7 +152,7 @@ def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
     """
     kind = jax.default_backend() if requested == "auto" else requested
     try:
-        devices = jax.local_devices(backend=kind)
+        devices = jax.devices(backend=kind)  # every process's: the mesh spans them all
     except RuntimeError:
         raise UserInputError(f"accelerator={requested}: JAX sees no {kind.upper()} here (its devices: "
                              f"{jax.devices()}). On a TPU VM install the TPU build: pip install 'jax[tpu]'; on a GPU: "

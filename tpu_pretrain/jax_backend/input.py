@@ -96,13 +96,15 @@ class TrainingBatches:
 
     ``masking``: mask every example afresh (:func:`..data.dynamic_masking.dynamic_mask`), keyed by (seed, example
     id), so a resumed run reads the very batches, masks included, that the uninterrupted run would have read.
+    ``rows``: the rows of each global batch this process reads (several processes: the rows that land on its
+    devices); the ids are the whole batch's, which cost no reading, so the chief logs every example.
     """
 
     def __init__(self, files: list[str], batch_size: int, max_seq_length: int, max_predictions_per_seq: int, *,
                  seed: int, start_record: int = 0, prefetch: int = 8, workers: int = 2,
-                 masking: DynamicMasking | None = None):
+                 masking: DynamicMasking | None = None, rows: slice = slice(None)):
         self.records = ShardSet(files)
-        self.batch_size, self.seed, self.masking = batch_size, seed, masking
+        self.batch_size, self.seed, self.masking, self.rows = batch_size, seed, masking, rows
         self.shapes = feature_shapes(max_seq_length, max_predictions_per_seq)
         self._next = start_record // batch_size
         self._offset = start_record - self._next * batch_size
@@ -116,7 +118,8 @@ class TrainingBatches:
         return np.arange(start, start + self.batch_size, dtype=np.int64)
 
     def batch(self, batch_index: int) -> tuple[np.ndarray, dict]:
-        """The ``batch_index``-th global batch: a pure function of (seed, records consumed)."""
+        """The ``batch_index``-th global batch (its ids, and the features of ``rows``): a pure function of (seed,
+        records consumed)."""
         positions = self.positions(batch_index)
         n = self.records.total
         epochs, within = np.divmod(positions, n)
@@ -125,11 +128,10 @@ class TrainingBatches:
             chosen = epochs == epoch
             index[chosen] = permute(within[chosen], n, self.seed, int(epoch))
         shard, record = self.records.locate(index)
-        features = decoded(self.records, shard, record, self.shapes)
-        ids = example_id(epochs, shard, record)
-        features = to_model_dtypes(features)
+        ids, mine = example_id(epochs, shard, record), self.rows
+        features = to_model_dtypes(decoded(self.records, shard[mine], record[mine], self.shapes))
         if self.masking is not None:
-            features = dynamic_mask(features, ids, self.seed, self.masking)
+            features = dynamic_mask(features, ids[mine], self.seed, self.masking)
         return ids, features
 
     def _submit(self) -> None:

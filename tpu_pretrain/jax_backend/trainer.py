@@ -2,7 +2,7 @@
 
 The step itself (loss, accumulated gradients, clipping, AdamW/LAMB, the float16 loss scale) is pure functions in
 :mod:`.step`; this class holds the state, places it and the input on the devices (``jax.sharding``: weights
-replicated, every batch split over the local devices) and compiles the steps, several to a call (a ``lax.scan``
+replicated, every batch split over every process's devices) and compiles the steps, several to a call (a ``lax.scan``
 over stacked batches). The same guarantees as :mod:`..tf_backend.trainer`: losses normalised over the *global*
 batch (any number of devices, and k accumulated micro-batches, give the same update), bfloat16 compute where the
 accelerator has it (float16 with dynamic loss scaling where asked for: GPUs without bfloat16, such as the T4),
@@ -35,7 +35,7 @@ from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from .devices import Devices, detect_devices  # noqa: E402
+from .devices import Devices, detect_devices, fetch, start_processes  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
@@ -70,6 +70,8 @@ class JaxTrainer:
         self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
         self.vocab, self.with_nsp = self.plan.vocab, self.plan.with_nsp
         t = self.config.train
+        if devices is None:  # several processes join before JAX is used: then the mesh spans all their devices
+            start_processes(t.coordinator_address, t.num_processes, t.process_index)
         self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
         self.eval_batch_size = self.plan.batch_geometry(self.devices.num_replicas)
         self.steps_per_execution = t.steps_per_execution or self.devices.default_steps_per_execution()
@@ -122,6 +124,8 @@ class JaxTrainer:
         sharding = self.devices.replicated()
         if self.devices.abstract:  # devices only compiled for (the plan command's): the shapes are all it needs
             return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+        if self.devices.processes > 1:  # the same values on every process: each places its own copies
+            return self.devices.put(tree, sharding)
         return jax.device_put(tree, sharding)
 
     def _load_init_checkpoint(self, path: str) -> None:
@@ -139,8 +143,20 @@ class JaxTrainer:
         self.close()
         self.train_batches = TrainingBatches(self.data.train_files, t.train_batch_size, d.max_seq_length,
                                              d.max_predictions_per_seq, seed=t.train_seed,
-                                             start_record=step * t.train_batch_size, masking=self._masking())
+                                             start_record=step * t.train_batch_size, masking=self._masking(),
+                                             rows=self._rows())
         self._prefetcher()
+
+    def _rows(self) -> slice:
+        """The rows of each global batch this process reads: all on one process, else those on its devices."""
+        return self.devices.local_rows(self.config.train.train_batch_size) if self.devices.processes > 1 else slice(
+            None)
+
+    def _place_batch(self, batch: dict) -> dict:
+        batch = {k: batch[k] for k in BATCH_FEATURES}
+        if self.devices.processes > 1:  # this process's rows of the global batch
+            return self.devices.put_local_rows(batch)
+        return jax.device_put(batch, self.devices.split())
 
     def _masking(self) -> DynamicMasking | None:
         if not self.config.train.dynamic_masking:
@@ -156,9 +172,8 @@ class JaxTrainer:
         if self._prefetch is None or self._prefetch.source is not self.train_batches:
             if self._prefetch is not None:
                 self._prefetch.close()
-            place = self.devices.split()
-            self._prefetch = BatchPrefetcher(self.train_batches, lambda b: jax.device_put(
-                {k: b[k] for k in BATCH_FEATURES}, place), self.prefetch_chunks * self.steps_per_execution)
+            self._prefetch = BatchPrefetcher(self.train_batches, self._place_batch,
+                                             self.prefetch_chunks * self.steps_per_execution)
         return self._prefetch
 
     def close(self) -> None:
@@ -189,7 +204,7 @@ class JaxTrainer:
     # -- public API -----------------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        return int(self.state["step"])
+        return int(fetch(self.state["step"]))
 
     def train_steps(self, steps: int) -> dict:
         """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics, and the
@@ -209,11 +224,11 @@ class JaxTrainer:
             pulled = prefetch.take(n, idle=lambda: jax.block_until_ready(sums))
             self.state, chunk_sums = self._train_chunk(self.state, self._stack([b for _, b in pulled]))
             sums.append(chunk_sums)
-            if self.config.train.log_example_ids:
+            if self.config.train.log_example_ids and self.is_chief:
                 self.example_ids.extend((first + done + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
             done += n
         totals: dict = {}
-        for chunk_sums in jax.device_get(sums):
+        for chunk_sums in fetch(sums):
             totals = add_sums(totals, chunk_sums)
         wait = prefetch.wait_seconds - waited
         return {**metrics_from_sums(totals), "input_wait_seconds": wait,
@@ -227,14 +242,23 @@ class JaxTrainer:
         for batch in eval_batches(self.data.eval_files, self.eval_batch_size, d.max_seq_length,
                                   d.max_predictions_per_seq, t.max_eval_steps):
             split = self.devices.split() if len(batch["input_ids"]) % n == 0 else self.devices.replicated()
-            batch = jax.device_put({k: batch[k] for k in BATCH_FEATURES}, split)
-            totals = add_sums(totals, jax.device_get(self._eval_step(self.state, batch)))
+            batch = {k: batch[k] for k in BATCH_FEATURES}  # every process reads the whole eval batch
+            batch = self.devices.put(batch, split) if self.devices.processes > 1 else jax.device_put(batch, split)
+            totals = add_sums(totals, fetch(self._eval_step(self.state, batch)))
         return {**metrics_from_sums(totals), "sequences": int(totals["examples"])} if totals.get("examples") else None
 
-    is_chief = True  # one machine: JAX's multi-host training is not offered yet
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder: the only one, or process 0 of several."""
+        return self.devices.abstract or self.devices.processes == 1 or jax.process_index() == 0
 
     def any_worker(self, flag: bool) -> bool:
-        return flag
+        """``flag`` of any process (every process must ask at the same point: it waits for the others)."""
+        if self.devices.abstract or self.devices.processes == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
 
     def use_schedule(self, schedule: Schedule) -> None:
         """Follow ``schedule`` (a resumed run's, re-planned by the core): the steps are compiled again with it."""
@@ -258,12 +282,12 @@ class JaxTrainer:
     def weights_finite(self) -> bool:
         """Whether every weight and optimizer moment is finite (no NaN or Inf): what may be saved."""
         leaves = self.state["params"] + self.state["slots"]["m"] + self.state["slots"]["v"]
-        return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
+        return bool(fetch(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
 
     # -- weights and checkpoints ------------------------------------------------------------------------
     def stored_weights(self) -> dict[str, np.ndarray]:
         """The current weights by stored name, as stored (float32): Google's for BERT, transformers' for ModernBERT."""
-        params = jax.device_get(self.state["params"])
+        params = fetch(self.state["params"])  # replicated: this process's own copy
         return {n: np.asarray(self.family.to_stored(n, p), np.float32) for n, p in zip(self.names, params, strict=True)}
 
     def load_stored_weights(self, weights: dict[str, np.ndarray], source: str, strict: bool = False
@@ -276,7 +300,7 @@ class JaxTrainer:
         return loaded, missing
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
-        state, stored = jax.device_get(self.state), self.family.to_stored  # as Google (transformers) stores them
+        state, stored = fetch(self.state), self.family.to_stored  # as Google (transformers) stores them
         arrays = {f"{PARAMS}{n}": np.asarray(stored(n, p)) for n, p in zip(self.names, state["params"], strict=True)}
         for slot in ("m", "v"):
             arrays.update({f"{slot}/{n}": np.asarray(stored(n, x))

@@ -1,0 +1,121 @@
+"""The JAX backend on several processes through the real command line: two CPU processes (JAX's own runtime, gloo
+collectives, a loopback coordinator) train as one, each reading its rows of the global batch, and give the loss
+curve and the final weights of one process training the same global batch alone; the run continues on one process
+with the examples the uninterrupted run would have read."""
+
+from __future__ import annotations
+
+import glob
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fault_injection import ENV, sample_data
+
+from tpu_pretrain.export.plots import read_scalars
+from tpu_pretrain.jax_backend.input import TrainingBatches
+from tpu_pretrain.models.run_weights import read_arrays
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return sample_data(tmp_path_factory.mktemp("multiprocess"), max_chars=30_000, num_shards=2, workers=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(data_dir: str, run: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tpu_pretrain", "train", "--backend", "jax", "--data_dir", data_dir,
+            "--output_dir", str(run), "--recipe", "classic", "--model_size", "L2-H128", "--train_batch_size", "8",
+            "--num_train_steps", str(STEPS), "--num_warmup_steps", "1", "--learning_rate", "1e-3",
+            "--hidden_dropout_prob", "0.1", "--save_checkpoints_steps", "2", "--log_every_steps", "1",
+            "--eval_every_steps", "0", "--max_eval_steps", "1", "--steps_per_execution", "1", "--log_example_ids",
+            "--session_hours", "-1", *extra]
+
+
+def environment(devices: int) -> dict:
+    return {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
+def start(data_dir: str, run: Path, processes: int, devices: int, *extra: str) -> list:
+    """Start training with ``processes`` processes of ``devices`` CPU devices each (loopback coordinator)."""
+    port, started = free_port(), []
+    for index in range(processes):
+        several = ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", str(processes),
+                   "--process_index", str(index)] if processes > 1 else []
+        log = open(f"{run}.{index}.log", "w+")  # noqa: SIM115 - read back when the process has ended
+        started.append((subprocess.Popen(command(data_dir, run, *several, *extra), stdout=log,
+                                         stderr=subprocess.STDOUT, env=environment(devices)), log))
+    return started
+
+
+def finish(started: list) -> list[str]:
+    """What each process printed, once all have ended (each must have succeeded)."""
+    outputs = []
+    for process, log in started:
+        try:
+            process.wait(timeout=600)
+        finally:
+            process.kill()
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+        assert process.returncode == 0, outputs[-1][-3000:]
+    return outputs
+
+
+def expected_ids(data_dir: str, steps: int) -> list[str]:
+    """example_ids.jsonl's lines as the global order defines them: a pure function of seed and position."""
+    batches = TrainingBatches(sorted(glob.glob(f"{data_dir}/train-*.tfrecord")), 8, 64, 10, seed=0)
+    try:
+        return [json.dumps({"step": step + 1, "ids": batches.batch(step)[0].tolist()}) for step in range(steps)]
+    finally:
+        batches.close()
+
+
+def test_two_processes_train_as_one_process_with_the_same_global_batch_and_resume_on_one(data, tmp_path):
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    runs = start(data, alone, processes=1, devices=2), start(data, together, processes=2, devices=1)
+    finish(runs[0])
+    chief, follower = finish(runs[1])
+    assert "CPU: 2 device(s) over 2 processes" in chief and "follows process 0" in follower
+    # One writer: the chief's scalars alone (an event file is named by the process that writes it).
+    assert len(list((together / "logs" / "train").glob("events.out.tfevents.*"))) == 1
+    curves = [read_scalars(run)["train"]["loss"] for run in (alone, together)]
+    assert [s for s, _ in curves[1]] == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([v for _, v in curves[1]], [v for _, v in curves[0]], rtol=1e-5)
+    final = [read_arrays(run / "checkpoints" / f"ckpt-{STEPS:09d}") for run in (alone, together)]
+    assert final[0].keys() == final[1].keys()
+    for name, value in final[0].items():
+        np.testing.assert_allclose(final[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert sorted(p.name for p in (together / "checkpoints").glob("ckpt-*")) == ["ckpt-000000002", "ckpt-000000004"]
+
+    # The two-process run continued on one process: the examples the uninterrupted run would have read, in order.
+    resumed = finish(start(data, together, 1, 1, "--num_train_steps", str(STEPS + 2), "--rewarm_steps", "1"))[0]
+    assert f"Resuming from {together / 'checkpoints' / f'ckpt-{STEPS:09d}'}: step {STEPS}" in resumed
+    logged = (together / "logs" / "example_ids.jsonl").read_text().splitlines()
+    assert logged == expected_ids(data, STEPS + 2)
+
+
+def test_several_processes_are_the_jax_backends_and_need_all_three_settings(data, tmp_path):
+    def refused(*extra):
+        done = subprocess.run(command(data, tmp_path / "refused", *extra), capture_output=True, text=True,
+                              env=environment(1), timeout=300)
+        assert done.returncode != 0
+        return done.stderr
+
+    assert "--coordinator_address HOST:PORT, --num_processes N" in refused("--num_processes", "2")
+    assert "process_index=2 is invalid" in refused("--coordinator_address", "127.0.0.1:1", "--num_processes", "2",
+                                                   "--process_index", "2")
+    tensorflow = refused("--backend", "tensorflow", "--coordinator_address", "127.0.0.1:1", "--num_processes", "2")
+    assert "offered by the jax backend, not tensorflow" in tensorflow
