@@ -88,7 +88,7 @@ def test_setting_auto_and_continuity():
     assert document_masks_wanted(modern, None)
     assert document_masks_wanted(modern, {"train": {"document_masks": "on"}})
     assert not document_masks_wanted(modern, {"train": {"backend": "jax"}})  # a run started before the setting
-    classic = Config.from_kwargs(model_family="bert")
+    classic = Config.from_kwargs(model_family="bert", recipe="classic")
     assert not document_masks_wanted(classic, None)  # sentence pairs: the [SEP] joins the halves
     assert document_masks_wanted(Config.from_kwargs(recipe="modern"), None)
     assert not document_masks_wanted(Config.from_kwargs(model_family="modernbert", no_nsp=True,
