@@ -24,24 +24,19 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the JAX backend trains here, in this process
 
-from support import parse_args  # noqa: E402
+from support import corpus_specs, modern_data, parse_args, where_the_work_went  # noqa: E402
 
 import tpu_pretrain  # noqa: E402,F401  (the package's environment settings first)
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.resolve import RunPlan  # noqa: E402
-from tpu_pretrain.data.create import create_pretraining_data  # noqa: E402
 from tpu_pretrain.data.data_folder import read_data_info  # noqa: E402
-from tpu_pretrain.data.sample_corpus import write_sample_corpus  # noqa: E402
-from tpu_pretrain.data.vocab import build_vocab  # noqa: E402
 from tpu_pretrain.export.evaluate import held_out_metrics  # noqa: E402
 from tpu_pretrain.export.rebuild import load_trained_model  # noqa: E402
 from tpu_pretrain.jax_backend.input import separator_id  # noqa: E402
@@ -50,26 +45,6 @@ from tpu_pretrain.training import train  # noqa: E402
 SETTINGS = ("on", "off")
 SCORED = ("own", "off", "on")
 SMOKE_CHARS = 40_000  # of the built-in sample corpus
-
-
-def corpus_spec(text: str) -> tuple[Path, str]:
-    """``PATH`` or ``PATH:SEP`` -> (path, document separator); a path that exists as given is never split."""
-    if Path(text).exists() or ":" not in text:
-        return Path(text), ""
-    path, separator = text.rsplit(":", 1)
-    return Path(path), separator
-
-
-def make_data(args, corpus: Path, separator: str, work: Path) -> Path:
-    """One vocab and one ``create-data --recipe modern`` folder for the corpus."""
-    vocab = build_vocab(Config.load(input=[str(corpus)], doc_separator=separator, vocab_size=args.vocab_size,
-                                    output_dir=str(work)))
-    data = work / "data"
-    create_pretraining_data(Config.load(
-        input=[str(corpus)], doc_separator=separator, vocab_file=vocab.path, output_dir=str(data), recipe="modern",
-        max_seq_length=args.max_seq_length, dupe_factor=args.dupe_factor, eval_fraction=args.eval_fraction,
-        do_whole_word_mask=True, workers=1))
-    return data
 
 
 def run_settings(args, masks: str, data: Path, run: Path) -> dict:
@@ -94,7 +69,7 @@ def score(run: Path, data: Path, masks: str) -> dict:
 
 
 def bench_corpus(args, corpus: Path, separator: str, work: Path) -> dict:
-    data = make_data(args, corpus, separator, work)
+    data = modern_data(args, corpus, separator, work)[1]
     flops = RunPlan.resolve(Config.load(**run_settings(args, "on", data, work / "x"))).training_flops_per_sequence()
     rows = {}
     for masks in SETTINGS:
@@ -152,16 +127,8 @@ def main() -> None:
                                      "steps": 2, "dupe_factor": 1, "eval_fraction": 0.1},
                       what=f"the built-in sample corpus ({SMOKE_CHARS:,} characters), a 400-token vocab, L2-H128, "
                            "length 64, batch 4, 2 steps")
-    if not args.corpus and not args.smoke:
-        parser.error("give at least one CORPUS (or --smoke)")
     logging.basicConfig(level=logging.WARNING)
-    work = args.work or Path(tempfile.mkdtemp(prefix="bench_document_masks_"))
-    work.mkdir(parents=True, exist_ok=True)
-    specs = [corpus_spec(c) for c in args.corpus] or [(write_sample_corpus(work / "sample.txt",
-                                                                           max_chars=SMOKE_CHARS), "")]
-    for path, _ in specs:
-        if not path.is_file():
-            parser.error(f"corpus {path} does not exist")
+    work, specs = corpus_specs(parser, args, "bench_document_masks_", SMOKE_CHARS)
     started, results = time.perf_counter(), []
     for i, (path, separator) in enumerate(specs):
         results.append(bench_corpus(args, path, separator, work / f"{i}-{path.stem}"))
@@ -171,11 +138,7 @@ def main() -> None:
         print_table(results[-1:])
     if len(results) > 1:
         print_table(results)
-    if args.smoke and not args.work:
-        shutil.rmtree(work, ignore_errors=True)  # a throw-away run: leave nothing behind
-        where = "data and runs removed (smoke mode)"
-    else:
-        where = f"data and runs in {work}"
+    where = where_the_work_went(args, work)
     print(f"{time.perf_counter() - started:.0f} s in all; {where}")
 
 

@@ -33,24 +33,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # both families train on the JAX backend, in this process
 
-from support import parse_args  # noqa: E402
+from support import corpus_specs, modern_data, parse_args, where_the_work_went  # noqa: E402
 
 import tpu_pretrain  # noqa: E402,F401  (the package's environment settings first)
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.resolve import RunPlan  # noqa: E402
-from tpu_pretrain.data.create import create_pretraining_data  # noqa: E402
 from tpu_pretrain.data.data_folder import read_data_info  # noqa: E402
-from tpu_pretrain.data.sample_corpus import write_sample_corpus  # noqa: E402
-from tpu_pretrain.data.vocab import build_vocab  # noqa: E402
 from tpu_pretrain.export.evaluate import held_out_metrics  # noqa: E402
 from tpu_pretrain.export.probe import probe  # noqa: E402
 from tpu_pretrain.export.rebuild import load_trained_model  # noqa: E402
@@ -58,14 +53,6 @@ from tpu_pretrain.training import train  # noqa: E402
 
 FAMILIES = ("bert", "modernbert")
 SMOKE_CHARS = 60_000  # of the built-in sample corpus
-
-
-def corpus_spec(text: str) -> tuple[Path, str]:
-    """``PATH`` or ``PATH:SEP`` -> (path, document separator); a path that exists as given is never split."""
-    if Path(text).exists() or ":" not in text:
-        return Path(text), ""
-    path, separator = text.rsplit(":", 1)
-    return Path(path), separator
 
 
 def smoke_task(corpus: Path, path: Path, rows: int = 120) -> str:
@@ -76,18 +63,6 @@ def smoke_task(corpus: Path, path: Path, rows: int = 120) -> str:
     path.write_text("".join(f"{line}\t{'long' if len(line) > median else 'short'}\n" for line in lines),
                     encoding="utf-8")
     return str(path)
-
-
-def make_data(args, corpus: Path, separator: str, work: Path) -> tuple[str, Path]:
-    """One vocab and one ``create-data --recipe modern`` folder: (vocab path, data folder)."""
-    vocab = build_vocab(Config.load(input=[str(corpus)], doc_separator=separator, vocab_size=args.vocab_size,
-                                    output_dir=str(work)))
-    data = work / "data"
-    create_pretraining_data(Config.load(
-        input=[str(corpus)], doc_separator=separator, vocab_file=vocab.path, output_dir=str(data), recipe="modern",
-        max_seq_length=args.max_seq_length, dupe_factor=args.dupe_factor, eval_fraction=args.eval_fraction,
-        do_whole_word_mask=True, workers=1))
-    return vocab.path, data
 
 
 def run_settings(args, family: str, data: Path, run: Path, steps: int) -> dict:
@@ -191,25 +166,17 @@ def main() -> None:
                                      "eval_fraction": 0.1},
                       what=f"the built-in sample corpus ({SMOKE_CHARS:,} characters), a 500-token vocab, L2-H128, "
                            "length 64, batch 4, 4 BERT steps")
-    if not args.corpus and not args.smoke:
-        parser.error("give at least one CORPUS (or --smoke)")
     if args.probe_task and len(args.probe_task) != max(1, len(args.corpus)):
         parser.error(f"--probe_task takes one file (or '-') per corpus: {len(args.corpus)} corpora, "
                      f"{len(args.probe_task)} tasks")
     logging.basicConfig(level=logging.WARNING)
-    work = args.work or Path(tempfile.mkdtemp(prefix="bench_families_"))
-    work.mkdir(parents=True, exist_ok=True)
-    specs = [corpus_spec(c) for c in args.corpus] or [(write_sample_corpus(work / "sample.txt",
-                                                                           max_chars=SMOKE_CHARS), "")]
-    for path, _ in specs:
-        if not path.is_file():
-            parser.error(f"corpus {path} does not exist")
+    work, specs = corpus_specs(parser, args, "bench_families_", SMOKE_CHARS)
     tasks = [None if t == "-" else t for t in args.probe_task] or [None] * len(specs)
     if args.smoke and not args.corpus and not args.probe_task:  # the probe's code path too
         tasks = [smoke_task(specs[0][0], work / "task.tsv")]
     started = time.perf_counter()
     folders = [work / f"{i}-{path.stem}" for i, (path, _) in enumerate(specs)]
-    datas = [make_data(args, path, separator, folder)[1]  # every corpus's data first: a bad one fails early
+    datas = [modern_data(args, path, separator, folder)[1]  # every corpus's data first: a bad one fails early
              for (path, separator), folder in zip(specs, folders, strict=True)]
     results = []
     for (path, separator), task, folder, data in zip(specs, tasks, folders, datas, strict=True):
@@ -217,11 +184,7 @@ def main() -> None:
         print_table(args, results[-1:])  # as each corpus is done, then all together
     if len(results) > 1:
         print_table(args, results)
-    if args.smoke and not args.work:
-        shutil.rmtree(work, ignore_errors=True)  # a throw-away run: leave nothing behind
-        where = "data and runs removed (smoke mode)"
-    else:
-        where = f"data and runs in {work}"
+    where = where_the_work_went(args, work)
     print(f"{time.perf_counter() - started:.0f} s in all; {where}")
 
 

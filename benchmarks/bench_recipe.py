@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from support import parse_args
+from support import parse_args, where_the_work_went
 
 import tpu_pretrain  # noqa: F401  (Keras 2 before TensorFlow)
 from tpu_pretrain.config import Config
@@ -127,11 +126,7 @@ def main() -> None:
         print(f"{recipe:8} {r['fill']:.2f} {r['steps']:6d} {r['tokens'] / 1e6:9.2f}M {r['seq_per_s']:7.1f}  | "
               f"{p['mlm_loss']:24.3f} {p['mlm_accuracy']:.3f} | {q['mlm_loss']:23.3f} {q['mlm_accuracy']:.3f}")
     gain = rows["classic"]["scores"]["packed"]["mlm_loss"] - rows["modern"]["scores"]["packed"]["mlm_loss"]
-    if args.smoke and not args.work:
-        shutil.rmtree(work, ignore_errors=True)  # a throw-away run: leave nothing behind
-        where = "data and runs removed (smoke mode)"
-    else:
-        where = f"data and runs in {work}"
+    where = where_the_work_went(args, work)
     print(f"modern - classic held-out loss (packed eval): {-gain:+.3f}; {where}")
 
 
