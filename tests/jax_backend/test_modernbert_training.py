@@ -286,7 +286,7 @@ def test_what_a_modernbert_run_refuses(data, reference, tmp_path, capsys):
     nsp = tmp_path / "nsp"
     create_pretraining_data(Config.load(input=[str(data / "corpus.txt")], vocab_file=str(data / "vocab.txt"),
                                         output_dir=str(nsp), max_seq_length=T, max_predictions_per_seq=10,
-                                        dupe_factor=1, max_documents=80, workers=1))
+                                        dupe_factor=1, max_documents=80, workers=1, recipe="classic"))
     with pytest.raises(UserInputError, match=r"model_family=modernbert trains the masked LM alone, but the data in "
                                              r".* was made with next-sentence pairs .*--recipe modern"):
         train(backend="jax", model_family="modernbert", model_size="tiny", data_dir=str(nsp),
