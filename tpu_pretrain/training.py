@@ -9,7 +9,6 @@ offer are refused here, before any data is read.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 
 from .backend import AUTO, TENSORFLOW, check_offered, choose_backend, required_backend
@@ -59,8 +58,8 @@ def check_not_past_the_end(output_dir: str, num_train_steps: int) -> None:
 
 def recorded_backend(output_dir: str) -> str | None:
     """The backend a run folder's run was started with (runs from before the setting: TensorFlow), or None."""
-    run = RunFolder(output_dir)
-    return backend_in_settings(json.loads(run.config_file.read_text())) if run.config_file.is_file() else None
+    settings = RunFolder(output_dir).recorded_settings()
+    return backend_in_settings(settings) if settings is not None else None
 
 
 def backend_in_settings(settings: dict) -> str | None:

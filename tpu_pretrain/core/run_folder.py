@@ -176,6 +176,14 @@ class RunFolder:
                 continue
         return self._family_on_disk().name
 
+    def recorded_settings(self) -> dict | None:
+        """The run's config.json as written (a setting newer than the run is absent), or None where there is none
+        readable: what says which settings a run started before they existed."""
+        try:
+            return json.loads(self.config_file.read_text())
+        except (OSError, ValueError):
+            return None
+
     def read_config(self) -> Config:
         if not self.config_file.is_file():
             raise UserInputError(f"{self.path} is not a run folder (no {CONFIG}): start it with `tpu-pretrain train`.")
@@ -263,7 +271,7 @@ def describe_run(record: dict) -> str:
 
 
 # Settings whose default changed after they were added: the value a run that did not record them trained with.
-SETTINGS_BEFORE_THEY_EXISTED = {"backend": "tensorflow"}
+SETTINGS_BEFORE_THEY_EXISTED = {"backend": "tensorflow", "document_masks": "off"}
 
 
 def identity_differences(previous: dict, identity: dict) -> list[str]:

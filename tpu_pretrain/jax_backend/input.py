@@ -23,6 +23,7 @@ from collections import deque
 import numpy as np
 
 from ..core.example_ids import example_id
+from ..core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
 from ..data.data_folder import corrupt_shard_error, feature_shapes
 from ..data.dynamic_masking import DynamicMasking, dynamic_mask
 from ..data.tfrecord import CorruptRecord, RecordFile, decode_examples
@@ -230,7 +231,7 @@ def document_masks_wanted(config, recorded: dict | None) -> bool:
     if setting != "auto":
         return setting == "on"
     if recorded is not None and "document_masks" not in recorded.get("train", {}):
-        return False
+        return SETTINGS_BEFORE_THEY_EXISTED["document_masks"] == "on"
     if not config.data.no_nsp:
         return False
     return family_named(config.model.model_family) is MODERNBERT or config.data.recipe == "modern"
@@ -239,19 +240,9 @@ def document_masks_wanted(config, recorded: dict | None) -> bool:
 def document_separator(plan) -> int | None:
     """The [SEP] id that ends documents when the run keeps them apart, else None; records the choice as ``on`` or
     ``off`` in ``plan.config`` (the run's config.json gets it). NSP data with ``document_masks on`` is refused."""
-    import json
-
-    from ..core.run_folder import RunFolder
-
     config = plan.config
-    recorded, output_dir = None, config.storage.output_dir
-    path = RunFolder(output_dir).config_file if output_dir and "://" not in output_dir else None
-    if path and path.is_file():
-        try:
-            with open(path) as file:
-                recorded = json.load(file)
-        except (OSError, ValueError):
-            recorded = None
+    output_dir = config.storage.output_dir
+    recorded = RunFolder(output_dir).recorded_settings() if output_dir and "://" not in output_dir else None
     wanted = document_masks_wanted(config, recorded)
     if wanted and not config.data.no_nsp:
         raise UserInputError("document_masks on needs packed data without next-sentence pairs (create-data --recipe "
