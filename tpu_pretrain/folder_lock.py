@@ -56,18 +56,40 @@ class FolderLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                self._create()
             except FileExistsError:
                 self._take_over_if_stale()
                 continue
-            with os.fdopen(fd, "w") as handle:
-                json.dump({**self.me, "started": time.time()}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
             self._heartbeat = threading.Thread(target=self._beat, name="folder-lock", daemon=True)
             self._heartbeat.start()
             return
         raise FolderLockedError(f"Could not take the lock {self.path}: other processes keep taking it.")
+
+    def _create(self) -> None:
+        """Create the lock whole, or raise FileExistsError: the record is written to a file of our own and linked
+        into place, so a process killed while taking the lock never leaves an empty one naming nobody (which
+        would block the folder until it aged). Where links are not supported, created exclusively then written."""
+        record = json.dumps({**self.me, "started": time.time()})
+        mine = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+        try:
+            with open(mine, "w") as handle:
+                handle.write(record)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(mine, self.path)
+                return
+            except FileExistsError:
+                raise
+            except OSError:  # a file system without hard links
+                pass
+        finally:
+            mine.unlink(missing_ok=True)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(record)
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def _take_over_if_stale(self) -> None:
         found = read_lock(self.path)
