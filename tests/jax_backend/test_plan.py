@@ -3,8 +3,8 @@
 On the CPU (every JAX environment): the plan lowers the very function the trainer calls, from settings alone as from
 a data folder, with the same FLOPs formula; the search for the largest batch that fits, on the CPU's compiler with a
 small stated capacity. With the TPU compiler installed (``jax[tpu]``: the image-exact environments of ``make
-test-tpu-images``): a small configuration compiled for each free TPU through the real command line, and one that
-cannot fit on a v5e-1 reported with the largest batch that does.
+test-tpu-images``): a small configuration compiled for each free TPU and a v5e-16 pod slice (16 chips on 4 hosts)
+through the real command line, and one that cannot fit on a v5e-1 reported with the largest batch that does.
 """
 
 import importlib.util
@@ -137,16 +137,17 @@ def tiny_flags(**overrides) -> list[str]:
     return [token for key, value in values.items() for token in (f"--{key}", str(value))]
 
 
-@pytest.mark.parametrize("tpu, devices", [("v5e-1", 1), ("v5e-8", 8), ("v6e-1", 1)])
+@pytest.mark.parametrize("tpu, devices, hosts", [("v5e-1", 1, 1), ("v5e-8", 8, 1), ("v6e-1", 1, 1), ("v5e-16", 16, 4)])
 @with_tpu_compiler
-def test_a_small_configuration_compiles_for_each_free_tpu(tpu, devices, tmp_path):
+def test_a_small_configuration_compiles_for_each_free_tpu_and_a_pod_slice_of_four_hosts(tpu, devices, hosts,
+                                                                                        tmp_path):
     saved = tmp_path / "plan.json"
     done = plan_command("--tpu", tpu, *tiny_flags(train_batch_size=8 * devices), "--save", str(saved))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FITS" in done.stdout and "Traceback" not in done.stdout + done.stderr
     plan = json.loads(saved.read_text())
     asked = plan["asked"]
-    assert plan["devices"] == devices and plan["precision"] == "bfloat16"
+    assert plan["devices"] == devices and plan["hosts"] == hosts and plan["precision"] == "bfloat16"
     assert asked["memory"]["state"] > 0 and asked["memory"]["temporaries"] > 0 and asked["capacity"] >= 16 << 30
     # XLA's count of a step's FLOPs: the formula's matmuls plus what the formula leaves out (softmax, norms, the
     # optimizer), never less than the formula.
