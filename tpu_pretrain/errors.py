@@ -8,3 +8,9 @@ class UserInputError(ValueError):
 class CommandFailed(RuntimeError):
     """The command ran but something failed that is not the input's fault (exit 1); the message says what and
     what to do."""
+
+
+class ProcessLost(CommandFailed):
+    """One of several training processes is gone (killed, preempted, its host lost); the message names it. The
+    command line ends at once after saying so: JAX's own exit would wait at a shutdown barrier for the lost process
+    and then abort."""

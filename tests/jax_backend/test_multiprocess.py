@@ -1,20 +1,27 @@
-"""The JAX backend on several processes through the real command line: two CPU processes (JAX's own runtime, gloo
-collectives, a loopback coordinator) train as one, each reading its rows of the global batch, and give the loss
-curve and the final weights of one process training the same global batch alone; the run continues on one process
-with the examples the uninterrupted run would have read."""
+"""The JAX backend on several processes through the real command line (JAX's own runtime, gloo collectives, a
+loopback coordinator): four CPU processes train as one, each reading its rows of the global batch, and give the
+loss curve and the final weights of one process training the same global batch alone; the run continues on two
+processes with the examples the uninterrupted run would have read, and the steps one process takes. One process
+killed with SIGKILL stops the other, which names it; the same command resumes exactly."""
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fault_injection import ENV, sample_data
+
+if importlib.util.find_spec("tensorflow") is not None:  # the JAX backend's own tests run once, where JAX runs
+    pytest.skip("for the environment without TensorFlow (make test-jax-stack)", allow_module_level=True)
 
 from tpu_pretrain.export.plots import read_scalars
 from tpu_pretrain.jax_backend.input import TrainingBatches
@@ -83,28 +90,71 @@ def expected_ids(data_dir: str, steps: int) -> list[str]:
         batches.close()
 
 
-def test_two_processes_train_as_one_process_with_the_same_global_batch_and_resume_on_one(data, tmp_path):
-    alone, together = tmp_path / "alone", tmp_path / "together"
-    runs = start(data, alone, processes=1, devices=2), start(data, together, processes=2, devices=1)
-    finish(runs[0])
-    chief, follower = finish(runs[1])
-    assert "CPU: 2 device(s) over 2 processes" in chief and "follows process 0" in follower
-    # One writer: the chief's scalars alone (an event file is named by the process that writes it).
-    assert len(list((together / "logs" / "train").glob("events.out.tfevents.*"))) == 1
-    curves = [read_scalars(run)["train"]["loss"] for run in (alone, together)]
-    assert [s for s, _ in curves[1]] == list(range(1, STEPS + 1))
-    np.testing.assert_allclose([v for _, v in curves[1]], [v for _, v in curves[0]], rtol=1e-5)
-    final = [read_arrays(run / "checkpoints" / f"ckpt-{STEPS:09d}") for run in (alone, together)]
+def compare_runs(runs: list[Path], steps: list[int]) -> None:
+    """Equal losses at ``steps`` and equal final weights (within float tolerance: the sums over the global batch
+    are reduced in another order)."""
+    curves = [{s: v for s, v in read_scalars(run)["train"]["loss"]} for run in runs]
+    np.testing.assert_allclose([curves[1][s] for s in steps], [curves[0][s] for s in steps], rtol=1e-5)
+    final = [read_arrays(run / "checkpoints" / f"ckpt-{steps[-1]:09d}") for run in runs]
     assert final[0].keys() == final[1].keys()
     for name, value in final[0].items():
         np.testing.assert_allclose(final[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_four_processes_train_as_one_and_a_resume_on_two_continues_the_same_example_order(data, tmp_path):
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    runs = start(data, alone, processes=1, devices=4), start(data, together, processes=4, devices=1)
+    finish(runs[0])
+    chief, *followers = finish(runs[1])
+    assert "CPU: 4 device(s) over 4 processes" in chief and all("follows process 0" in f for f in followers)
+    # One writer: the chief's scalars alone (an event file is named by the process that writes it).
+    assert len(list((together / "logs" / "train").glob("events.out.tfevents.*"))) == 1
+    assert [s for s, _ in read_scalars(together)["train"]["loss"]] == list(range(1, STEPS + 1))
+    compare_runs([alone, together], list(range(1, STEPS + 1)))
     assert sorted(p.name for p in (together / "checkpoints").glob("ckpt-*")) == ["ckpt-000000002", "ckpt-000000004"]
 
-    # The two-process run continued on one process: the examples the uninterrupted run would have read, in order.
-    resumed = finish(start(data, together, 1, 1, "--num_train_steps", str(STEPS + 2), "--rewarm_steps", "1"))[0]
-    assert f"Resuming from {together / 'checkpoints' / f'ckpt-{STEPS:09d}'}: step {STEPS}" in resumed
+    # The four-process run continued on two: the examples the uninterrupted run would have read, in order, and the
+    # steps a one-process run continued from the same checkpoint takes.
+    more = ("--num_train_steps", str(STEPS + 2), "--rewarm_steps", "1")
+    resumed = start(data, together, 2, 1, *more), start(data, alone, 1, 2, *more)
+    finish(resumed[1])
+    chief = finish(resumed[0])[0]
+    assert f"Resuming from {together / 'checkpoints' / f'ckpt-{STEPS:09d}'}: step {STEPS}" in chief
+    assert "CPU: 2 device(s) over 2 processes" in chief
     logged = (together / "logs" / "example_ids.jsonl").read_text().splitlines()
     assert logged == expected_ids(data, STEPS + 2)
+    compare_runs([alone, together], [STEPS + 1, STEPS + 2])
+
+
+def test_a_killed_process_stops_the_other_naming_it_and_the_same_command_resumes_exactly(data, tmp_path):
+    killed, uninterrupted, steps = tmp_path / "killed", tmp_path / "uninterrupted", 12
+    more = ("--num_train_steps", str(steps))
+    reference = start(data, uninterrupted, 1, 2, *more)
+    processes = start(data, killed, 2, 1, *more)
+    deadline = time.monotonic() + 600
+    while not (killed / "checkpoints" / "ckpt-000000004").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    processes[1][0].send_signal(signal.SIGKILL)
+    lost_at = time.monotonic()
+    survivor, log = processes[0]
+    survivor.wait(timeout=300)
+    stopped_within = time.monotonic() - lost_at
+    log.seek(0)
+    said = log.read()
+    log.close()
+    assert survivor.returncode == 1, said[-3000:]
+    assert stopped_within < 60, stopped_within  # the roll call's 10 s, not JAX's shutdown barrier
+    assert f"process 1 (host {socket.gethostname()}) did not answer within 10 s: stopped" in said
+    assert "Run the same command on every host to resume" in said and "Traceback" not in said
+    assert not (killed / "train.lock").exists()
+
+    resumed = finish(start(data, killed, 2, 1, *more))[0]
+    assert "Resuming from " in resumed
+    finish(reference)
+    logged = [json.loads(line) for line in (killed / "logs" / "example_ids.jsonl").read_text().splitlines()]
+    assert {e["step"]: e["ids"] for e in logged} == {
+        e["step"]: e["ids"] for e in map(json.loads, expected_ids(data, steps))}
+    compare_runs([uninterrupted, killed], [steps])
 
 
 def test_several_processes_are_the_jax_backends_and_need_all_three_settings(data, tmp_path):

@@ -30,7 +30,7 @@ from ..config import (
     field_type,
 )
 from ..config_checks import parse_bool
-from ..errors import CommandFailed, UserInputError
+from ..errors import CommandFailed, ProcessLost, UserInputError
 
 # Exit codes: see the module docstring (and README.md).
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STOPPED_EARLY, EXIT_INTERRUPTED = 0, 1, 2, 75, 130
@@ -194,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except CommandFailed as exc:
         print(f"tpu-pretrain {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, ProcessLost):  # no interpreter exit: JAX's would wait for the lost process, then abort
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_FAILED)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"tpu-pretrain {args.command}: interrupted. What was complete is kept (files are written whole or "

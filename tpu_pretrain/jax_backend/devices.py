@@ -3,14 +3,13 @@
 Every device is one data-parallel replica: the weights are replicated and each batch is split
 along its examples (8 cores on Kaggle's v5e-8, 1 chip on Colab's v5e-1, the logical CPU devices of
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` in tests). Several processes (a TPU VM pod's hosts,
-several GPU machines: :func:`start_processes`, JAX's own runtime) make one mesh over every process's devices;
+several GPU machines: :func:`.processes.start_processes`, JAX's own runtime) make one mesh over every process's devices;
 each process holds the rows of a batch that land on its own devices (:meth:`Devices.local_rows`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import jax
@@ -18,7 +17,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..errors import UserInputError
-from ..runtime import in_colab, in_kaggle, tpu_vm_present
 
 log = logging.getLogger(__name__)
 AXIS = "data"
@@ -43,7 +41,7 @@ class Devices:
 
     @property
     def processes(self) -> int:
-        """How many processes' devices the mesh spans (1 unless :func:`start_processes` joined several)."""
+        """How many processes' devices the mesh spans (1 unless :func:`.processes.start_processes` joined several)."""
         return len({d.process_index for d in self.devices})
 
     def local_rows(self, rows: int) -> slice:
@@ -96,41 +94,6 @@ def fetch(tree):
             return np.asarray(x.addressable_data(0))
         return np.asarray(jax.device_get(x))
     return jax.tree.map(one, tree)
-
-
-def is_chief() -> bool:
-    """Whether this process writes the run folder: the only process, or process 0 of several."""
-    return jax.process_index() == 0
-
-
-def start_processes(coordinator_address: str = "", num_processes: int = 0, process_index: int = 0) -> int:
-    """Join JAX's multi-process runtime where asked (before any other use of JAX); the number of processes.
-
-    Given the three settings: those processes (on CPU with gloo collectives, as the tests run them). Not given:
-    ``jax.distributed.initialize()`` finds its peers by itself on a TPU VM (not Colab's or Kaggle's, which have one
-    host) and wherever ``JAX_COORDINATOR_ADDRESS`` is set; else one process. ``num_processes`` 1: this one alone.
-    """
-    if jax.distributed.is_initialized():
-        return jax.process_count()
-    auto = not coordinator_address and num_processes == 0 and (
-        bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (tpu_vm_present() and not (in_colab() or in_kaggle())))
-    if num_processes <= 1 and not auto:
-        return 1
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices' collectives; others' ignore it
-    try:
-        if auto:
-            jax.distributed.initialize()
-        else:
-            jax.distributed.initialize(coordinator_address, num_processes, process_index)
-    except (RuntimeError, ValueError) as exc:
-        given = (f"--coordinator_address {coordinator_address} --num_processes {num_processes} --process_index "
-                 f"{process_index}" if not auto else "the TPU VM pod's or JAX_COORDINATOR_ADDRESS's settings")
-        raise UserInputError(f"JAX's multi-process runtime did not start with {given}: {exc}. Start the same "
-                             "command on every process within a few minutes, process 0's address reachable from "
-                             "all; or --num_processes 1 to train on this machine alone.") from None
-    log.info("JAX process %d of %d (%s).", jax.process_index(), jax.process_count(),
-             "the chief: writes the run folder" if is_chief() else "follows process 0")
-    return jax.process_count()
 
 
 def _supports_bfloat16(device) -> bool:

@@ -35,10 +35,11 @@ from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from .devices import Devices, detect_devices, fetch, start_processes  # noqa: E402
+from .devices import Devices, detect_devices, fetch  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
+from .processes import spans_processes, start_processes  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .step import OptimizerSettings, StepSpec, decayed, eval_stats, init_loss_scale, init_slots, train_chunk  # noqa: E402
 
@@ -206,6 +207,7 @@ class JaxTrainer:
     def step(self) -> int:
         return int(fetch(self.state["step"]))
 
+    @spans_processes
     def train_steps(self, steps: int) -> dict:
         """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics, and the
         time the devices waited for input (``input_wait_seconds``, and its share of this call's time).
@@ -234,6 +236,7 @@ class JaxTrainer:
         return {**metrics_from_sums(totals), "input_wait_seconds": wait,
                 "input_wait_share": wait / max(time.perf_counter() - tick, 1e-9)}
 
+    @spans_processes
     def evaluate(self) -> dict | None:
         """Eval metrics and their count over up to max_eval_steps batches, the last shorter one included."""
         if not self.eval_batch_size:
@@ -252,6 +255,7 @@ class JaxTrainer:
         """Whether this process writes the run folder: the only one, or process 0 of several."""
         return self.devices.abstract or self.devices.processes == 1 or jax.process_index() == 0
 
+    @spans_processes
     def any_worker(self, flag: bool) -> bool:
         """``flag`` of any process (every process must ask at the same point: it waits for the others)."""
         if self.devices.abstract or self.devices.processes == 1:
@@ -279,6 +283,7 @@ class JaxTrainer:
     def describe(self) -> str:
         return f"JAX (Keras 3), {self.devices.describe()}"
 
+    @spans_processes
     def weights_finite(self) -> bool:
         """Whether every weight and optimizer moment is finite (no NaN or Inf): what may be saved."""
         leaves = self.state["params"] + self.state["slots"]["m"] + self.state["slots"]["v"]

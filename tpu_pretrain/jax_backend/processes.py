@@ -1,0 +1,145 @@
+"""JAX's multi-process runtime for the JAX backend: joining it, and stopping every process when one is lost.
+
+One program per host (a TPU VM pod's hosts, several GPU machines, or CPU processes in the tests), one mesh over
+all their devices. A process that dies (killed, preempted, its host gone) breaks the next collective the others
+run (gloo: "Connection reset by peer"), and JAX's coordination service stops every process that still waits on it
+within :data:`HEARTBEAT_TIMEOUT_SECONDS`. A survivor that meets the broken collective says so at once, names the
+processes that no longer answer a roll call through the coordination service's key-value store, and ends
+(:class:`~tpu_pretrain.errors.ProcessLost`) instead of waiting at JAX's shutdown barrier for the lost process.
+The same command on every host resumes from the newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+
+import jax
+
+from ..errors import ProcessLost, UserInputError
+from ..runtime import in_colab, in_kaggle, tpu_vm_present
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_TIMEOUT_SECONDS = 60  # JAX's default is 100: a lost host stops the others sooner
+ROLL_CALL_SECONDS = 10.0  # how long a survivor waits for the others to answer before naming those that did not
+_ROLL_CALL = "tpu_pretrain/roll_call/"
+_HOSTS = "tpu_pretrain/host/"
+# What a collective says when a process it spans is gone (gloo on CPUs; gRPC and the coordination service).
+_LOST_SIGNS = ("connection reset", "connection closed", "connection refused", "socket closed", "broken pipe",
+               "unavailable", "deadline_exceeded", "heartbeat", "gloo")
+
+
+def is_chief() -> bool:
+    """Whether this process writes the run folder: the only process, or process 0 of several."""
+    return jax.process_index() == 0
+
+
+def start_processes(coordinator_address: str = "", num_processes: int = 0, process_index: int = 0) -> int:
+    """Join JAX's multi-process runtime where asked (before any other use of JAX); the number of processes.
+
+    Given the three settings: those processes (on CPU with gloo collectives, as the tests run them). Not given:
+    ``jax.distributed.initialize()`` finds its peers by itself on a TPU VM (not Colab's or Kaggle's, which have one
+    host) and wherever ``JAX_COORDINATOR_ADDRESS`` is set; else one process. ``num_processes`` 1: this one alone.
+    """
+    if jax.distributed.is_initialized():
+        return jax.process_count()
+    auto = not coordinator_address and num_processes == 0 and (
+        bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (tpu_vm_present() and not (in_colab() or in_kaggle())))
+    if num_processes <= 1 and not auto:
+        return 1
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices' collectives; others' ignore it
+    try:
+        if auto:
+            jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
+        else:
+            jax.distributed.initialize(coordinator_address, num_processes, process_index,
+                                       heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
+    except (RuntimeError, ValueError) as exc:
+        given = (f"--coordinator_address {coordinator_address} --num_processes {num_processes} --process_index "
+                 f"{process_index}" if not auto else "the TPU VM pod's or JAX_COORDINATOR_ADDRESS's settings")
+        raise UserInputError(f"JAX's multi-process runtime did not start with {given}: {exc}. Start the same "
+                             "command on every process within a few minutes, process 0's address reachable from "
+                             "all; or --num_processes 1 to train on this machine alone.") from None
+    _client().key_value_set(f"{_HOSTS}{jax.process_index()}", socket.gethostname())
+    log.info("JAX process %d of %d (%s). If one process stops, every process stops within %d s; the same command "
+             "on every host resumes.", jax.process_index(), jax.process_count(),
+             "the chief: writes the run folder" if is_chief() else "follows process 0", HEARTBEAT_TIMEOUT_SECONDS)
+    return jax.process_count()
+
+
+def _client():
+    from jax._src import distributed  # the coordination service's client: its key-value store has no public API
+
+    return distributed.global_state.client
+
+
+def spans_processes(method):
+    """A trainer method whose work spans every process: when it fails because another process is gone, it raises
+    :class:`ProcessLost` naming that process, after saying at once that contact was lost."""
+
+    @functools.wraps(method)
+    def watched(trainer, *args, **kwargs):
+        try:
+            return method(trainer, *args, **kwargs)
+        except Exception as exc:
+            if trainer.devices.abstract or trainer.devices.processes == 1 or not looks_lost(exc):
+                raise
+            raise process_lost(exc, _last_step(trainer)) from exc
+
+    return watched
+
+
+def _last_step(trainer) -> int | None:
+    """The step the trainer's state holds, if it can still be read (a failed collective may have left it unusable)."""
+    try:
+        return trainer.step
+    except Exception:  # noqa: BLE001 - the state came out of the failed computation
+        return None
+
+
+def looks_lost(exc: BaseException) -> bool:
+    """Whether an error is what a collective raises when a process it spans is gone (not, say, an out-of-memory)."""
+    text = str(exc).lower()
+    return any(sign in text for sign in _LOST_SIGNS)
+
+
+def process_lost(exc: BaseException, step: int | None) -> ProcessLost:
+    """The error to end this process with: what broke, which processes did not answer the roll call, how to
+    resume. The first line is logged before the roll call: the coordination service may stop this process first."""
+    me, count = jax.process_index(), jax.process_count()
+    cause = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    when = f"after step {step}" if step is not None else "during training"
+    log.error("Process %d of %d lost contact with the other processes %s: %s", me, count, when, cause)
+    missing, hosts = roll_call(me, count)
+    if missing is None:
+        who = "process 0 (the coordinator) is gone: the coordination service no longer answers"
+    elif missing:
+        who = ", ".join(f"process {i}" + (f" (host {hosts[i]})" if hosts.get(i) else "") for i in missing)
+        who = f"{who} did not answer within {ROLL_CALL_SECONDS:.0f} s: stopped (killed, preempted or its host lost)"
+    else:
+        who = "every process answered: one of them failed at this collective (see its log)"
+    return ProcessLost(
+        f"Process {me} of {count} stopped {when}: {who}. The collective failed with: {cause}. Every "
+        f"process stops (JAX's runtime ends any still waiting within {HEARTBEAT_TIMEOUT_SECONDS} s). Run the same "
+        "command on every host to resume from the newest complete checkpoint.")
+
+
+def roll_call(me: int, count: int) -> tuple[list[int] | None, dict[int, str]]:
+    """Answer the roll call and wait up to :data:`ROLL_CALL_SECONDS` for the others: the processes that did not
+    answer (None when the coordination service itself is gone) and every process's host as it registered."""
+    client = _client()
+    try:
+        client.key_value_set(f"{_ROLL_CALL}{me}", "here")
+        hosts = {int(k.rsplit("/", 1)[1]): v for k, v in client.key_value_dir_get(_HOSTS)}
+        deadline = time.monotonic() + ROLL_CALL_SECONDS
+        while True:
+            answered = {int(k.rsplit("/", 1)[1]) for k, _ in client.key_value_dir_get(_ROLL_CALL)}
+            if len(answered) == count or time.monotonic() > deadline:
+                return sorted(set(range(count)) - answered), hosts
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 - the coordination service is process 0's: unreachable means it is gone
+        return None, {}
