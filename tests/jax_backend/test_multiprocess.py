@@ -142,9 +142,11 @@ def test_a_killed_process_stops_the_other_naming_it_and_the_same_command_resumes
     log.seek(0)
     said = log.read()
     log.close()
+    step = max(int(line.split()[1].split("/")[0]) for line in said.splitlines() if line.startswith("step "))
     assert survivor.returncode == 1, said[-3000:]
     assert stopped_within < 60, stopped_within  # the roll call's 10 s, not JAX's shutdown barrier
-    assert f"process 1 (host {socket.gethostname()}) did not answer within 10 s: stopped" in said
+    assert f"Process 0 of 2 stopped after step {step}: process 1 (host {socket.gethostname()}) did not answer " \
+        "within 10 s: stopped (killed, preempted or its host lost)" in said
     assert "Run the same command on every host to resume" in said and "Traceback" not in said
     assert not (killed / "train.lock").exists()
 

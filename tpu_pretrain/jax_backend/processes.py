@@ -93,12 +93,12 @@ def spans_processes(method):
     return watched
 
 
-def _last_step(trainer) -> int | None:
-    """The step the trainer's state holds, if it can still be read (a failed collective may have left it unusable)."""
+def _last_step(trainer) -> int:
+    """The step the trainer's state holds, else the step last read (a failed collective leaves the state unusable)."""
     try:
         return trainer.step
     except Exception:  # noqa: BLE001 - the state came out of the failed computation
-        return None
+        return trainer.last_step
 
 
 def looks_lost(exc: BaseException) -> bool:
@@ -107,12 +107,12 @@ def looks_lost(exc: BaseException) -> bool:
     return any(sign in text for sign in _LOST_SIGNS)
 
 
-def process_lost(exc: BaseException, step: int | None) -> ProcessLost:
+def process_lost(exc: BaseException, step: int) -> ProcessLost:
     """The error to end this process with: what broke, which processes did not answer the roll call, how to
     resume. The first line is logged before the roll call: the coordination service may stop this process first."""
     me, count = jax.process_index(), jax.process_count()
     cause = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    when = f"after step {step}" if step is not None else "during training"
+    when = f"after step {step}"
     log.error("Process %d of %d lost contact with the other processes %s: %s", me, count, when, cause)
     missing, hosts = roll_call(me, count)
     if missing is None:

@@ -203,9 +203,12 @@ class JaxTrainer:
         return self._train_chunk.lower(self.state, self.chunk_shapes(steps))
 
     # -- public API -----------------------------------------------------------------------------------
+    last_step = 0  # the step last read: what a failure's message can still name once the state is unusable
+
     @property
     def step(self) -> int:
-        return int(fetch(self.state["step"]))
+        self.last_step = int(fetch(self.state["step"]))
+        return self.last_step
 
     @spans_processes
     def train_steps(self, steps: int) -> dict:
