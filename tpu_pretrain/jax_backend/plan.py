@@ -287,7 +287,7 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
     asked = compile_at(batch // (r * k))
     peak = published_peak(getattr(devices.devices[0], "device_kind", ""), devices.precision)
     result = Plan(target=tpu if target is None else target.describe(), devices=r,
-                  hosts=len({getattr(d, "process_index", 0) for d in devices.devices}),
+                  hosts=devices.processes,
                   description=describe_run(trainer), precision=devices.precision, asked=asked,
                   formula_flops=run_plan.training_flops_per_sequence(), peak_flops=peak * r if peak else None,
                   num_train_steps=t.num_train_steps, compiles=compiles,
