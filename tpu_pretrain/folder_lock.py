@@ -72,10 +72,7 @@ class FolderLock:
         record = json.dumps({**self.me, "started": time.time()})
         mine = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
         try:
-            with open(mine, "w") as handle:
-                handle.write(record)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _write_synced(mine, os.O_CREAT | os.O_TRUNC, record)  # a failure here leaves no lock at all
             try:
                 os.link(mine, self.path)
                 return
@@ -85,11 +82,7 @@ class FolderLock:
                 pass
         finally:
             mine.unlink(missing_ok=True)
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(record)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(self.path, os.O_CREAT | os.O_EXCL, record)
 
     def _take_over_if_stale(self) -> None:
         found = read_lock(self.path)
@@ -126,6 +119,14 @@ class FolderLock:
         holder, _ = read_lock(self.path) or ({}, 0.0)
         if {k: holder.get(k) for k in self.me} == self.me:  # never remove a lock another process took over
             self.path.unlink(missing_ok=True)
+
+
+def _write_synced(path: Path, flags: int, text: str) -> None:
+    """Open ``path`` for writing with ``flags``, write ``text`` and reach the disk before returning."""
+    with os.fdopen(os.open(path, flags | os.O_WRONLY, 0o644), "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def read_lock(path: Path) -> tuple[dict, float] | None:
