@@ -112,8 +112,7 @@ def process_lost(exc: BaseException, step: int) -> ProcessLost:
     resume. The first line is logged before the roll call: the coordination service may stop this process first."""
     me, count = jax.process_index(), jax.process_count()
     cause = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    when = f"after step {step}"
-    log.error("Process %d of %d lost contact with the other processes %s: %s", me, count, when, cause)
+    log.error("Process %d of %d lost contact with the other processes after step %d: %s", me, count, step, cause)
     missing, hosts = roll_call(me, count)
     if missing is None:
         who = "process 0 (the coordinator) is gone: the coordination service no longer answers"
@@ -123,7 +122,7 @@ def process_lost(exc: BaseException, step: int) -> ProcessLost:
     else:
         who = "every process answered: one of them failed at this collective (see its log)"
     return ProcessLost(
-        f"Process {me} of {count} stopped {when}: {who}. The collective failed with: {cause}. Every "
+        f"Process {me} of {count} stopped after step {step}: {who}. The collective failed with: {cause}. Every "
         f"process stops (JAX's runtime ends any still waiting within {HEARTBEAT_TIMEOUT_SECONDS} s). Run the same "
         "command on every host to resume from the newest complete checkpoint.")
 

@@ -39,7 +39,7 @@ from .devices import Devices, detect_devices, fetch  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
 from .prefetch import BatchPrefetcher, chunk_stacker  # noqa: E402
-from .processes import spans_processes, start_processes  # noqa: E402
+from .processes import is_chief, spans_processes, start_processes  # noqa: E402
 from .state import LOSS_SCALE, LOSS_SCALE_ARRAYS, PARAMS, JaxState  # noqa: E402
 from .step import OptimizerSettings, StepSpec, decayed, eval_stats, init_loss_scale, init_slots, train_chunk  # noqa: E402
 
@@ -256,7 +256,7 @@ class JaxTrainer:
     @property
     def is_chief(self) -> bool:
         """Whether this process writes the run folder: the only one, or process 0 of several."""
-        return self.devices.abstract or self.devices.processes == 1 or jax.process_index() == 0
+        return self.devices.abstract or self.devices.processes == 1 or is_chief()
 
     @spans_processes
     def any_worker(self, flag: bool) -> bool:
