@@ -1,5 +1,8 @@
-"""Fixtures shared by the tests that talk to Cloud Storage: a real API server on loopback, and a bucket."""
+"""Shared fixtures: for the tests that talk to Cloud Storage, a real API server on loopback and a bucket; for the
+tests of read-only and full disks, small real file systems."""
 
+import errno
+import subprocess
 import uuid
 
 import pytest
@@ -24,3 +27,37 @@ def bucket(emulator, monkeypatch, tmp_path):
     auth.storage_client().create_bucket(name)
     yield name
     auth.reset()
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """Mount a small tmpfs (root only; the test skips elsewhere), read-only or filled to the last byte (``full``:
+    the kernel answers the next write with ENOSPC); unmounted at the end."""
+    mounted = []
+
+    def mount(name, size="4m", read_only=False, full=False):
+        path = tmp_path / name
+        path.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+        if result.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounted.append(path)
+        if full:
+            _fill(path / "filler")
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)])
+
+
+def _fill(path):
+    with open(path, "wb", buffering=0) as handle:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    handle.write(b"\0" * size)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise

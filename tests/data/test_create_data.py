@@ -374,26 +374,6 @@ def test_degenerate_next_sentence_data_is_warned_with_the_fix(small_vocab, tmp_p
     assert done.returncode == 0 and "warning" not in done.stdout, done.stdout  # as advised: enough held out
 
 
-@pytest.fixture
-def mount_tmpfs(tmp_path):
-    """Mount a small tmpfs (root only; the test skips elsewhere); unmounted at the end."""
-    mounted = []
-
-    def mount(name, size="4m", read_only=False):
-        path = tmp_path / name
-        path.mkdir()
-        options = f"size={size}" + (",ro" if read_only else "")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
-        if result.returncode:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
-        mounted.append(path)
-        return path
-
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)])
-
-
 def test_an_output_that_is_a_file_read_only_or_full_is_a_message(small_vocab, tmp_path, mount_tmpfs):
     corpus, vocab = small_vocab
     (tmp_path / "out.txt").write_text("mine")

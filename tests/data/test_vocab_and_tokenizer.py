@@ -222,3 +222,30 @@ def test_the_summary_names_only_the_character_forms_the_vocab_has(tmp_path):
     english = vocab_cli("--input", BERT_SAMPLE, "--vocab_size", "1000", "--output_dir", tmp_path / "en")
     continuation = sum(t.startswith("##") and len(t) == 3 for t in load_vocab(tmp_path / "en" / "vocab.txt"))
     assert continuation and f" plain, {continuation} ##) + " in english.stdout
+
+
+
+def test_a_vocab_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, mount_tmpfs):
+    """Issue 45, item 9: a full disk (found only by writing) is one line naming the folder, as create-data's."""
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+
+    corpus = write_sample_corpus(tmp_path / "corpus.txt", max_chars=20_000)
+    full = mount_tmpfs("full", size="64k", full=True)
+    done = vocab_cli("--input", corpus, "--vocab_size", "600", "--output_dir", full)
+    assert done.returncode == 2 and f"The disk under {full} is full (No space left on device)" in done.stderr
+    assert "run the same command again" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]
+
+
+def test_a_corpus_file_with_brackets_in_its_name_is_read(tmp_path):
+    """Issue 45, item 21: an existing corpus[1].txt is that file, not a glob class; a pattern with brackets that
+    matches nothing says how to write them."""
+    from tpu_pretrain.data.sample_corpus import write_sample_corpus
+
+    corpus = write_sample_corpus(tmp_path / "corpus[1].txt", max_chars=20_000)
+    done = vocab_cli("--input", corpus, "--vocab_size", "600", "--output_dir", tmp_path / "out")
+    assert done.returncode == 0 and len(load_vocab(tmp_path / "out" / "vocab.txt")) == 600, done.stderr
+    done = vocab_cli("--input", tmp_path / "corpus[2].txt", "--vocab_size", "600", "--output_dir", tmp_path / "two")
+    assert done.returncode == 2 and "matches no file" in done.stderr, done.stderr
+    assert f"write '{tmp_path}/corpus[[]2].txt'" in done.stderr and not (tmp_path / "two").exists()

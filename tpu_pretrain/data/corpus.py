@@ -130,13 +130,16 @@ def _local_files(item: str) -> list[str]:
         if not found:
             raise UserInputError(f"Corpus folder '{item}' holds no {', '.join(CORPUS_SUFFIXES)} files.")
         return found
+    if os.path.isfile(item):  # a file's own name first, glob characters and all: corpus[1].txt is that file
+        return [item]
     if glob.has_magic(item):
         found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
         if not found:
-            raise UserInputError(f"Corpus pattern '{item}' matches no file.")
+            brackets = (f" In a pattern [...] is one of the characters inside; for brackets in a file's name write "
+                        f"'{glob.escape(item)}'." if "[" in item else "")
+            raise UserInputError(f"Corpus pattern '{item}' matches no file (check the path given to --input)."
+                                 + brackets)
         return found
-    if os.path.isfile(item):
-        return [item]
     raise UserInputError(f"Corpus input '{item}' does not exist (check the path given to --input).")
 
 

@@ -10,6 +10,7 @@ come first, then ``[unusedN]`` placeholders for later domain tokens, then every 
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import io
 import logging
@@ -179,8 +180,7 @@ def build_vocab(config, overwrite: bool = False) -> VocabResult:
     words_per_line = pretokenize(sample, d.do_lower_case)
     tokens, n_chars, n_pieces = wordpiece_tokens(words_per_line, v.vocab_size, v.num_unused_tokens,
                                                  v.sentencepiece_model_type, d.random_seed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, "\n".join(tokens) + "\n")
+    _write_vocab(out, tokens)
     unused = sum(t.startswith("[unused") for t in tokens)
     first_piece = len(tokens) - (unused - v.num_unused_tokens) - n_pieces
     uses = token_uses(tokens, words_per_line)
@@ -188,6 +188,19 @@ def build_vocab(config, overwrite: bool = False) -> VocabResult:
                        padding=unused - v.num_unused_tokens,
                        continuation_characters=sum(t.startswith("##") for t in tokens[:first_piece]),
                        rare_pieces=sum(n < MIN_USES for n in uses[first_piece:first_piece + n_pieces]))
+
+
+def _write_vocab(out: Path, tokens: list[str]) -> None:
+    """vocab.txt written whole or not at all; a full disk (found only by writing) said in one line, as create-data
+    says it."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, "\n".join(tokens) + "\n")
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserInputError(f"The disk under {out.parent} is full ({exc.strerror}): {out} was not written. Free "
+                             "space and run the same command again.") from None
 
 
 def token_uses(tokens: list[str], words_per_line: list[list[str]]) -> list[int]:
