@@ -82,6 +82,37 @@ def activation(name: str):
     return keras.activations.get(name)
 
 
+class TokenEmbedding(keras.layers.Embedding):
+    """An embedding gathered from its float32 table, then cast to the compute dtype (Keras casts the table first).
+
+    The same rows either way; what changes is the gradient, a scatter-add into the table: in bfloat16 a GPU adds
+    each update with a compare-and-swap loop, serialised on the rows real text repeats, which took 270 ms of a
+    333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add.
+    """
+
+    def build(self, input_shape=None):
+        if not self.built:
+            self._embeddings = self.add_weight(shape=(self.input_dim, self.output_dim), name="embeddings",
+                                               initializer=self.embeddings_initializer, autocast=False)
+            self.built = True
+
+
+class OneHotEmbedding(keras.layers.Embedding):
+    """A small table (segments, positions) looked up as one-hot rows times the table: its gradient is a matmul
+    instead of a scatter-add of every token into a few rows (what TPU BERT has always done for such tables)."""
+
+    def call(self, inputs):
+        return one_hot_rows(ops.cast(self.embeddings, self.compute_dtype), inputs)
+
+
+def one_hot_rows(table, index):
+    """``table[index]`` as ``one_hot(index) @ table``: exact (one product per output, accumulated in float32), and
+    differentiated without a scatter. ``table`` ``[rows, width]`` or ``[batch, rows, width]`` (then ``index`` is
+    ``[batch, n]``: each batch row's own table, the MLM head's gather of the masked positions)."""
+    picks = jax.nn.one_hot(index, table.shape[-2], dtype=table.dtype)
+    return jnp.matmul(picks, table, precision=jax.lax.Precision.HIGHEST)
+
+
 class _Factory:
     """Layers with BERT's initialisers and the run's dtype policy; a new initializer for every weight."""
 
@@ -98,8 +129,9 @@ class _Factory:
     def norm(self, name: str):
         return keras.layers.LayerNormalization(epsilon=1e-12, name=name, dtype=self.dtype)
 
-    def embedding(self, rows: int, width: int, name: str):
-        return keras.layers.Embedding(rows, width, embeddings_initializer=self.init(), name=name, dtype=self.dtype)
+    def embedding(self, rows: int, width: int, name: str, one_hot: bool = False):
+        kind = OneHotEmbedding if one_hot else TokenEmbedding
+        return kind(rows, width, embeddings_initializer=self.init(), name=name, dtype=self.dtype)
 
     def dropout(self, rate: float):
         return keras.layers.Dropout(rate, dtype=self.dtype)
@@ -145,35 +177,34 @@ def attention_mask(attend, documents=None, window: int | None = None):
 
 def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None):
     """Attention under padding, documents and a window: the splash kernel where ``path`` takes it (segment ids:
-    ``documents``, else padding against the rest), else XLA's fused attention under :func:`attention_mask`;
-    padding alone goes to :func:`fused_attention` (cuDNN's kernel where it applies)."""
+    ``documents``, else padding against the rest), else :func:`fused_attention` under the same mask."""
     if path == "splash" or (path == "auto" and splash.applies(q.shape[1], mesh)):
         say_path(f"splash kernel ({'sliding window, ' if window else ''}"
                  f"{'documents apart' if documents is not None else 'documents together'})")
         segments = document_ids(None, attend, None) if documents is None else documents
         return splash.attention(q, k, v, segments, window, mesh)
-    if documents is None and window is None:
-        return fused_attention(q, k, v, attend, path)
-    mask = attention_mask(attend, documents, window)
-    if q.dtype == jnp.float16 and jax.default_backend() != "gpu":  # as in fused_attention
-        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
-                                            implementation="xla").astype(q.dtype)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    return fused_attention(q, k, v, attend, path, documents, window)
 
 
-def fused_attention(q, k, v, attend, path: str = "auto"):
-    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays, keys where ``attend``
-    (``[batch, length]``, bool) is False left out: ``jax.nn.dot_product_attention``.
+def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=None):
+    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays under :func:`attention_mask`
+    (padding where ``attend`` is False, other ``documents``, beyond ``window``): ``jax.nn.dot_product_attention``.
 
-    The XLA implementation takes ``attend`` as its boolean ``mask`` (any padding pattern); cuDNN's kernel takes the
-    padding as key lengths (the count of True in ``attend``, at least 1), which is the same mask because BERT's
-    padding is trailing (``[PAD]`` ids after the last token). Both compute the logits with float32 accumulation
-    and the softmax in float32, and return the inputs' dtype.
+    cuDNN's kernel where it applies (a CUDA GPU, 16-bit inputs): padding alone as key lengths (the count of True in
+    ``attend``, at least 1: the same mask, since BERT's padding is trailing), documents or a window as the mask,
+    which the kernel adds as a bias without a ``[batch, heads, length, length]`` tensor in memory. Else XLA's
+    implementation with the boolean mask. Both compute the logits with float32 accumulation and the softmax in
+    float32, and return the inputs' dtype.
     """
+    padding_only = documents is None and window is None
     if path == "cudnn" or (path == "auto" and cudnn_applies(q.dtype, q.shape[-1])):
         lengths = jnp.maximum(jnp.sum(attend, axis=1, dtype=jnp.int32), 1)
         try:
-            return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
+            if padding_only:
+                return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
+            say_path("cuDNN's fused kernel under the document/window mask")
+            return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(attend, documents, window),
+                                                implementation="cudnn")
         except (NotImplementedError, ValueError, RuntimeError) as error:
             if path == "cudnn":
                 raise
@@ -181,7 +212,7 @@ def fused_attention(q, k, v, attend, path: str = "auto"):
                 _CUDNN_REFUSED.add(str(error))
                 warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using XLA's attention.",
                               stacklevel=2)
-    mask = attend[:, None, None, :]
+    mask = attend[:, None, None, :] if padding_only else attention_mask(attend, documents, window)
     if q.dtype == jnp.float16 and jax.default_backend() != "gpu":
         # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
         # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32
@@ -280,8 +311,9 @@ class PretrainingBert(keras.Model):
         self.config, self.with_nsp, self.attention = config, with_nsp, attention_path(attention)
         h = config.hidden_size
         self.token_embedding = make.embedding(config.vocab_size, h, "word_embeddings")
-        self.segment_embedding = make.embedding(config.type_vocab_size, h, "token_type_embeddings")
-        self.position_embedding = make.embedding(config.max_position_embeddings, h, "position_embeddings")
+        self.segment_embedding = make.embedding(config.type_vocab_size, h, "token_type_embeddings", one_hot=True)
+        self.position_embedding = make.embedding(config.max_position_embeddings, h, "position_embeddings",
+                                                 one_hot=True)
         self.embedding_norm = make.norm("embedding_norm")
         self.embedding_dropout = make.dropout(config.hidden_dropout_prob)
         self.blocks = [TransformerBlock(config, make, self.attention, name=f"layer_{i}")
@@ -312,8 +344,7 @@ class PretrainingBert(keras.Model):
     def call(self, inputs, training=False):
         input_ids, segment_ids, positions = inputs
         sequence = self.encode(input_ids, segment_ids, training)
-        gathered = ops.take_along_axis(sequence, ops.cast(positions, "int32")[:, :, None], axis=1)
-        x = self.mlm_norm(self.mlm_dense(gathered))
+        x = self.mlm_norm(self.mlm_dense(one_hot_rows(sequence, ops.cast(positions, "int32"))))
         embeddings = ops.cast(self.token_embedding.embeddings, self.compute_dtype)
         mlm_logits = ops.cast(self.mlm_bias(ops.matmul(x, ops.transpose(embeddings))), "float32")
         if not self.with_nsp:

@@ -40,7 +40,16 @@ from keras import ops  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from .input import document_ids, document_positions  # noqa: E402
-from .model import Bias, activation, attention_mask, attention_path, masked_attention, say_path  # noqa: E402
+from .model import (  # noqa: E402
+    Bias,
+    TokenEmbedding,
+    activation,
+    attention_mask,
+    attention_path,
+    masked_attention,
+    one_hot_rows,
+    say_path,
+)
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"  # tied: the embeddings themselves, never a variable of its own
@@ -163,7 +172,7 @@ class PretrainingModernBert(keras.Model):
         make = _Make(config, dtype)
         self.config, self.attention, self.with_nsp = config, attention_path(attention), False
         h = config.hidden_size
-        self.token_embedding = keras.layers.Embedding(
+        self.token_embedding = TokenEmbedding(
             config.vocab_size, h, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=make.std_in),
             name="tok_embeddings", dtype=dtype)
         self.embedding_norm = make.norm("embedding_norm")
@@ -202,7 +211,7 @@ class PretrainingModernBert(keras.Model):
     def call(self, inputs, training=False):
         input_ids, segment_ids, positions = inputs
         sequence = self.encode(input_ids, segment_ids, training)
-        gathered = ops.take_along_axis(sequence, ops.cast(positions, "int32")[:, :, None], axis=1)
+        gathered = one_hot_rows(sequence, ops.cast(positions, "int32"))
         x = self.head_norm(self.head_activation(self.head_dense(gathered)))
         if self.decoder is not None:
             return [ops.cast(self.decoder(x), "float32")]
