@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.protocol import Finished
 from tpu_pretrain.core.resolve import RunPlan
 from tpu_pretrain.jax_backend.state import JaxState
 
@@ -39,6 +40,9 @@ class NumpyTrainer:
 
     def start_input(self, step: int) -> None:
         assert step == self.step
+
+    def dispatch(self, steps: int) -> Finished:
+        return Finished(self.train_steps(steps), steps)
 
     def train_steps(self, steps: int) -> dict:
         w, m = self.arrays["params/w"], self.arrays["m/w"]

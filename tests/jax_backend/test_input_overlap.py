@@ -118,7 +118,7 @@ def reference_weights(trainer, chunks: list[int]) -> dict:
         pulled = [next(batches)[1] for _ in range(n)]
         stacked = jax.device_put({k: np.stack([b[k] for b in pulled]) for k in BATCH_FEATURES},
                                  trainer.devices.split(axis=1))
-        trainer.state, sums = trainer._train_chunk(trainer.state, stacked)
+        trainer.state, sums = trainer._train_chunk(trainer.state, stacked, np.int32(n))
         jax.device_get(sums)
     batches.close()
     return trainer.stored_weights()
@@ -218,7 +218,7 @@ def test_the_run_reports_the_input_wait_share(trainer, caplog):
     from tpu_pretrain.core.loop import run_training
 
     output = Path(trainer.config.storage.output_dir)
-    with caplog.at_level("INFO", logger="tpu_pretrain.core.loop"):
+    with caplog.at_level("INFO", logger="tpu_pretrain.core"):
         result = run_training(trainer, str(output), progress=False)
     assert result.steps == 8 and 0 <= result.input_wait_share <= 1 and "input wait" in result.summary()
     assert all(0 <= h["input_wait_share"] <= 1 for h in result.history)

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from .checkpoints import CheckpointState
 from .resolve import RunPlan
 from .schedules import Schedule
+
+
+class Dispatched(Protocol):
+    """A call of steps started by :meth:`Trainer.dispatch`; its figures are read when the loop is ready for them."""
+
+    steps: int
+    compile_seconds: float  # what starting it spent compiling (0: nothing was compiled)
+
+    def result(self) -> dict: ...  # its mean metrics (:func:`.metrics.metrics_from_sums`); waits for it
+
+
+@dataclass
+class Finished:
+    """A call that had run to its end when it was dispatched (a backend without asynchronous calls)."""
+
+    metrics: dict
+    steps: int
+    compile_seconds: float = 0.0
+
+    def result(self) -> dict:
+        return self.metrics
 
 
 class Trainer(Protocol):
@@ -27,6 +49,8 @@ class Trainer(Protocol):
     def use_schedule(self, schedule: Schedule) -> None: ...  # before the first step: the schedule to follow
 
     def start_input(self, step: int) -> None: ...  # the input opened at ``step`` (a pure function of seed, step)
+
+    def dispatch(self, steps: int) -> Dispatched: ...  # start one call of 1..steps_per_execution steps; no waiting
 
     def train_steps(self, steps: int) -> dict: ...  # run them; their metrics (:func:`.metrics.metrics_from_sums`)
 

@@ -4,7 +4,7 @@ While the devices run one compiled call, a thread pulls the next batches from th
 decodes them in its own threads), places each on the devices split over the replicas, and queues it; the
 trainer stacks a call's batches on the devices (:func:`chunk_stacker`: a copy there, small beside a step).
 The queue holds single batches, not whole calls, because a call's length is known only when the loop asks
-for it (whole ``steps_per_execution`` calls, single steps before a boundary): any sequence of lengths takes
+for it (whole ``steps_per_execution`` calls, shorter ones up to a boundary): any sequence of lengths takes
 the batches in the input's own order, so the order stays a pure function of (seed, records consumed) and
 exact resume holds. ``depth`` 0 runs no thread: batches are pulled and placed when asked for (the serial
 baseline of ``benchmarks/bench_input_overlap.py``). ``wait_seconds`` counts the time the caller waited for
@@ -129,6 +129,12 @@ class BatchPrefetcher:
             self._queue.get_nowait()
 
 
-def chunk_stacker(sharding) -> Callable[[list[dict]], dict]:
-    """Batches placed one by one -> one call's input ``[steps, batch, ...]`` with ``sharding``, on the devices."""
-    return jax.jit(lambda batches: jax.tree.map(lambda *xs: jnp.stack(xs), *batches), out_shardings=sharding)
+def chunk_stacker(sharding, replicated, length: int) -> Callable[[tuple], tuple]:
+    """Batches placed one by one -> one call's input on the devices: ``[length, batch, ...]`` with ``sharding`` (the
+    last batch repeated past the ones given, never trained on) and the count given, a replicated int32 that the
+    compiled call loops to, so every call has one shape."""
+    def stack(batches):
+        padded = batches + (batches[-1],) * (length - len(batches))
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *padded), jnp.int32(len(batches))
+
+    return jax.jit(stack, out_shardings=(sharding, replicated))

@@ -249,10 +249,21 @@ def train_step(spec: StepSpec, state: dict, batch: dict):
     return new, stats
 
 
-def train_chunk(spec: StepSpec, state: dict, batches: dict):
-    """Several steps in one call (a ``lax.scan`` over stacked batches), their statistics summed."""
-    state, stats = jax.lax.scan(lambda s, b: train_step(spec, s, b), state, batches)
-    return state, {key: jnp.sum(stats[key]) for key in metrics.STAT_KEYS}
+def train_chunk(spec: StepSpec, state: dict, batches: dict, steps):
+    """The first ``steps`` of the stacked batches' steps in one call, their statistics summed.
+
+    ``steps`` is an array, not a shape: one compiled call runs any count up to the stack's length, so calls cut
+    short by a log, eval or save boundary (or the run's end) need no compile of their own, and no train of
+    single-step calls either.
+    """
+    def one(i, carry):
+        state, sums = carry
+        state, stats = train_step(spec, state, jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False),
+                                                            batches))
+        return state, {key: sums[key] + jnp.asarray(stats[key], jnp.float32) for key in metrics.STAT_KEYS}
+
+    zeros = {key: jnp.float32(0.0) for key in metrics.STAT_KEYS}
+    return jax.lax.fori_loop(0, steps, one, (state, zeros))
 
 
 def eval_stats(spec: StepSpec, state: dict, batch: dict) -> dict:

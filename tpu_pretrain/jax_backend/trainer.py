@@ -17,6 +17,7 @@ import functools
 import logging
 import re
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,12 +60,36 @@ def process_independent(paths: list[str]) -> list[str]:
     return names
 
 
+def _cache_size(jitted) -> int:
+    """How many compiled versions a jitted function holds: a dispatch that grew it compiled one."""
+    return jitted._cache_size()
+
+
+@dataclasses.dataclass
+class PendingCall:
+    """A dispatched call (:meth:`JaxTrainer.dispatch`): its statistics stay on the devices until read."""
+
+    read: Callable[[dict], dict]
+    sums: dict
+    steps: int
+    input_wait_seconds: float
+    compile_seconds: float  # the dispatch's compile of the call (0: it was compiled before)
+
+    def totals(self) -> dict:
+        return self.read(self.sums)
+
+    def result(self) -> dict:
+        """The call's mean metrics and its input wait; waits for the devices to finish it."""
+        return {**metrics_from_sums(self.totals()), "input_wait_seconds": self.input_wait_seconds}
+
+
 class JaxTrainer:
     """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
 
     prefetch_chunks = 2  # calls' worth of batches placed on the devices ahead of the steps; 0: none (serial)
     _prefetch: BatchPrefetcher | None = None
     _stack = None
+    _in_flight = None  # the statistics of the call dispatched last
 
     def __init__(self, config: Config, devices: Devices | None = None, plan: RunPlan | None = None):
         self.plan = plan or RunPlan.resolve(config)
@@ -142,6 +167,7 @@ class JaxTrainer:
         Whatever was read ahead for another position is dropped; reading ahead starts again from ``step``."""
         t, d = self.config.train, self.config.data
         self.close()
+        self.last_step = step
         self.train_batches = TrainingBatches(self.data.train_files, t.train_batch_size, d.max_seq_length,
                                              d.max_predictions_per_seq, seed=t.train_seed,
                                              start_record=step * t.train_batch_size, masking=self._masking(),
@@ -200,42 +226,64 @@ class JaxTrainer:
 
     def lower_chunk(self, steps: int = 1):
         """The training call of ``steps`` steps lowered for this trainer's devices, from shapes (:mod:`.plan`)."""
-        return self._train_chunk.lower(self.state, self.chunk_shapes(steps))
+        count = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.devices.replicated())
+        return self._train_chunk.lower(self.state, self.chunk_shapes(steps), count)
 
     # -- public API -----------------------------------------------------------------------------------
-    last_step = 0  # the step last read: what a failure's message can still name once the state is unusable
+    last_step = 0  # the step last read or dispatched: what a failure's message names once the state is unusable
 
     @property
     def step(self) -> int:
+        """The optimizer updates made (a read of the devices' state: it waits for the calls in flight)."""
         self.last_step = int(fetch(self.state["step"]))
         return self.last_step
 
-    @spans_processes
-    def train_steps(self, steps: int) -> dict:
-        """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics, and the
-        time the devices waited for input (``input_wait_seconds``, and its share of this call's time).
+    def dispatch(self, steps: int) -> PendingCall:
+        """Start ``steps`` optimizer steps (1 to steps_per_execution) as one compiled call and return at once: the
+        devices run it while the host reads the last call's figures and places the next call's batches.
 
-        The calls are dispatched without waiting for each other (JAX runs them asynchronously), their input
-        placed ahead by :class:`.prefetch.BatchPrefetcher`; the host waits once, for the statistics of all.
+        The batches come from :class:`.prefetch.BatchPrefetcher`, placed ahead; when none is ready the devices
+        are let finish first, so ``input_wait_seconds`` counts only time they had nothing else to do. The one
+        compiled call takes any count up to steps_per_execution (:func:`.step.train_chunk`); the time a dispatch
+        spent compiling it is the call's ``compile_seconds``.
         """
-        tick = time.perf_counter()
+        if not 0 < steps <= self.steps_per_execution:
+            raise ValueError(f"a call runs 1 to {self.steps_per_execution} steps, not {steps}")
         prefetch = self._prefetcher()
         if self._stack is None:
-            self._stack = chunk_stacker(self.devices.split(axis=1))
-        waited, first, done, sums = prefetch.wait_seconds, self.step, 0, []
+            self._stack = chunk_stacker(self.devices.split(axis=1), self.devices.replicated(), self.steps_per_execution)
+        waited = prefetch.wait_seconds
+        pulled = prefetch.take(steps, idle=self._let_devices_finish)
+        batches, count = self._stack(tuple(b for _, b in pulled))
+        compiled, tick = _cache_size(self._train_chunk), time.perf_counter()
+        self.state, sums = self._train_chunk(self.state, batches, count)
+        compile_seconds = time.perf_counter() - tick if _cache_size(self._train_chunk) != compiled else 0.0
+        if self.config.train.log_example_ids and self.is_chief:
+            self.example_ids.extend((self.last_step + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
+        self.last_step += steps
+        self._in_flight = sums
+        return PendingCall(self._read, sums, steps, prefetch.wait_seconds - waited, compile_seconds)
+
+    def _let_devices_finish(self) -> None:
+        if self._in_flight is not None:
+            jax.block_until_ready(self._in_flight)
+
+    @spans_processes
+    def _read(self, sums: dict) -> dict:
+        """A dispatched call's summed statistics, waiting for it (the one host sync a call costs)."""
+        return add_sums({}, fetch(sums))
+
+    def train_steps(self, steps: int) -> dict:
+        """Run ``steps`` optimizer steps (calls of steps_per_execution, dispatched back to back) and return their
+        mean metrics, with the time the devices waited for input (``input_wait_seconds``, and its share)."""
+        tick, calls, done = time.perf_counter(), [], 0
         while done < steps:
-            # Two compiled shapes at most: whole calls of steps_per_execution, and single steps for the rest.
-            n = self.steps_per_execution if steps - done >= self.steps_per_execution else 1
-            pulled = prefetch.take(n, idle=lambda: jax.block_until_ready(sums))
-            self.state, chunk_sums = self._train_chunk(self.state, self._stack([b for _, b in pulled]))
-            sums.append(chunk_sums)
-            if self.config.train.log_example_ids and self.is_chief:
-                self.example_ids.extend((first + done + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
-            done += n
+            calls.append(self.dispatch(min(self.steps_per_execution, steps - done)))
+            done += calls[-1].steps
         totals: dict = {}
-        for chunk_sums in fetch(sums):
-            totals = add_sums(totals, chunk_sums)
-        wait = prefetch.wait_seconds - waited
+        for call in calls:
+            totals = add_sums(totals, call.totals())
+        wait = sum(call.input_wait_seconds for call in calls)
         return {**metrics_from_sums(totals), "input_wait_seconds": wait,
                 "input_wait_share": wait / max(time.perf_counter() - tick, 1e-9)}
 

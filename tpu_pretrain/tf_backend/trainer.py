@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 from ..config import Config
 from ..core.metrics import STAT_KEYS, add_sums, global_batch_loss, metrics_from_sums
 from ..core.peaks import group_peak
+from ..core.protocol import Finished
 from ..core.resolve import RunPlan
 from ..core.schedules import Schedule
 from ..data.data_folder import DataInfo, corrupt_shard_error
@@ -42,6 +44,8 @@ def corrupt_shards_named(data: DataInfo):
 
 class Trainer:
     """Builds model, optimizer and input for a configuration, and runs training steps and evaluations."""
+
+    _dispatched = False  # whether a call ran yet (the first one traces and compiles the loop)
 
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
         self.plan = RunPlan.resolve(config)
@@ -190,6 +194,13 @@ class Trainer:
     @property
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
+
+    def dispatch(self, steps: int) -> Finished:
+        """Run one call of ``steps`` steps (TensorFlow's calls return when done); the first one compiles the loop."""
+        tick = time.perf_counter()
+        metrics = self.train_steps(steps)
+        first, self._dispatched = not self._dispatched, True
+        return Finished(metrics, steps, time.perf_counter() - tick if first else 0.0)
 
     def train_steps(self, steps: int) -> dict:
         """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics.
