@@ -1,0 +1,79 @@
+"""The loop keeps the devices busy (:func:`tpu_pretrain.core.loop.run_training` with the real JAX trainer): calls end
+at log, eval and save boundaries with one compiled call for every length (no train of single-step calls), each call
+is dispatched before the last one's figures are read, and between two dispatches the host syncs once, for those
+figures; the state is read only where an eval, a save or the end needs it.
+
+Runs in the environment without TensorFlow (``make test-jax-stack``), as the other trainer tests do.
+"""
+
+import pytest
+
+pytest.importorskip("jax")
+
+from test_input_overlap import settings, write_data  # noqa: E402  (skips this module where TensorFlow is installed)
+
+from tpu_pretrain.config import Config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_data(tmp_path_factory.mktemp("pacing"))
+
+
+def traced_run(data_dir, output_dir, monkeypatch, **overrides):
+    """Train through the loop, recording each dispatch, each read of a call's figures and every host sync."""
+    from tpu_pretrain.core.loop import run_training
+    from tpu_pretrain.jax_backend import trainer as trainer_module
+
+    events: list[tuple] = []
+    fetch = trainer_module.fetch
+    monkeypatch.setattr(trainer_module, "fetch", lambda tree: (events.append(("sync",)), fetch(tree))[1])
+    trainer = trainer_module.JaxTrainer(Config.load(**settings(data_dir, output_dir, **overrides)))
+    dispatch, step = trainer.dispatch, [0]
+
+    def logged(n):
+        call = dispatch(n)
+        first, last = step[0], step[0] + n
+        step[0] = last
+        events.append(("dispatch", first, last))
+        read = call.read
+        call.read = lambda sums: (events.append(("read", first, last)), read(sums))[1]
+        return call
+
+    trainer.dispatch = logged
+    events.clear()
+    result = run_training(trainer, str(output_dir), progress=False)
+    return result, trainer, events
+
+
+def test_calls_fit_the_boundaries_and_are_read_one_call_late(data_dir, tmp_path, monkeypatch):
+    result, trainer, events = traced_run(data_dir, tmp_path / "run", monkeypatch, num_train_steps=14,
+                                         steps_per_execution=4, log_every_steps=5, save_checkpoints_steps=10)
+    calls = [(e[1], e[2]) for e in events if e[0] == "dispatch"]
+    # log at 5 and 10, save at 10, the end at 14: each stretch in as few calls as steps_per_execution allows
+    assert calls == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 14)]
+    assert trainer._train_chunk._cache_size() == 1  # one compiled call for the lengths 4 and 1
+    assert result.steps == 14 and [h["step"] for h in result.history] == [4, 5, 9, 10, 14]
+    states = {10, 14}  # where a save (or the end) needs the state: nothing may be in flight there
+    for first, last in calls:
+        read = events.index(("read", first, last))
+        later = [e for e in events[read:] if e[0] == "dispatch"]
+        dispatched_next = any(e[1] == last for e in events[:read] if e[0] == "dispatch")
+        assert dispatched_next or last in states, f"call {first}-{last} was read before the next was dispatched"
+        if last in states:
+            assert not later or later[0][1] == last  # the next call starts from the saved state, after the read
+    dispatches = [i for i, e in enumerate(events) if e[0] == "dispatch"]
+    for n, (i, j) in enumerate(zip(dispatches, dispatches[1:], strict=False)):
+        if calls[n][1] not in states:  # between two dispatches: one sync, for the figures of the call before
+            assert sum(e[0] == "sync" for e in events[i + 1:j]) == (1 if n else 0)
+
+
+def test_the_summary_rate_leaves_the_compile_out(data_dir, tmp_path, monkeypatch, caplog):
+    with caplog.at_level("INFO", logger="tpu_pretrain.core"):
+        result, _, _ = traced_run(data_dir, tmp_path / "run", monkeypatch, num_train_steps=12,
+                                  steps_per_execution=2, log_every_steps=4, save_checkpoints_steps=12)
+    compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiled the training call")]
+    assert len(compiled) == 1 and result.compile_seconds > 0 and "compiled in" in result.summary()
+    # the steady rate leaves the compile out: with it averaged in, 12 steps of 8 sequences could not reach it
+    assert result.examples_per_second * result.compile_seconds > 12 * 8
+    assert result.history[-1]["examples_per_second"] == pytest.approx(result.examples_per_second)
