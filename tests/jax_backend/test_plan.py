@@ -10,6 +10,7 @@ through the real command line, and one that cannot fit on a v5e-1 reported with 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -199,3 +200,85 @@ def test_an_accelerator_check_out_of_memory_says_what_to_change():
     assert "tpu-pretrain plan" in said
     other = failure("ValueError: something else", "L12-H768", 128)
     assert other == "Accelerator check FAILED: ValueError: something else"
+
+
+SIZE = re.compile(r"(-?[\d.,]+) (?:B|KiB|MiB|GiB|TiB)\b")
+
+
+def test_a_batch_far_too_large_without_search_gives_no_negative_size_and_no_claim_never_compiled():
+    """Issue 45, item 7: at a batch whose unread NSP labels (an MLM-only step; the compiler drops them) outweigh the
+    weights, the state was the compiler's argument size less the whole input: below zero. With --no_search nothing
+    smaller was compiled, so nothing is claimed of smaller batches; the same model at 16 fits."""
+    done = plan_command("--tpu", "cpu", *tiny_flags(train_batch_size=4_000_000), "--no_search", timeout=300)
+    assert done.returncode == 1 and "Does NOT fit" in done.stdout, done.stdout + done.stderr
+    sizes = SIZE.findall(done.stdout)
+    assert sizes and not [s for s in sizes if s.startswith("-")], done.stdout
+    assert "Not even one sequence" not in done.stdout and "leave --no_search out" in done.stdout, done.stdout
+    state = re.search(r"weights and optimizer state ([\d.]+ \w+)", done.stdout)[1]
+    small = plan_command("--tpu", "cpu", *tiny_flags(train_batch_size=16), "--no_search", timeout=300)
+    assert small.returncode == 0 and f"weights and optimizer state {state}" in small.stdout, small.stdout
+
+
+def test_the_cpu_compilers_plan_is_not_called_the_tpu_compilers():
+    """Issue 45, item 11: --tpu cpu is compiled by XLA's CPU compiler, and no libtpu is named."""
+    done = plan_command("--tpu", "cpu", *tiny_flags(), "--no_search", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Compiled by XLA's CPU compiler" in done.stdout and "TPU compiler" not in done.stdout, done.stdout
+    assert "libtpu" not in done.stdout and "a TPU's memory and speed differ" in done.stdout
+
+
+def test_a_tensorflow_run_is_told_that_plan_compiles_the_jax_step():
+    """Issue 45, item 14: --backend tensorflow trains another program than the JAX step plan compiles."""
+    done = plan_command("--tpu", "cpu", *tiny_flags(), "--backend", "tensorflow", "--no_search", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "plan compiles the JAX backend's training step; --backend tensorflow trains with another" in done.stdout
+    assert "Train with --backend jax to run the step planned here" in done.stdout
+
+
+def refused(*flags: str) -> str:
+    """What plan says of flags it refuses before compiling: one line, no traceback, nothing compiled."""
+    done = plan_command(*flags, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, (flags, done.stdout + done.stderr)
+    assert "Compiling" not in done.stdout and len(done.stderr.strip().splitlines()) == 1, (flags, done.stderr)
+    return done.stderr
+
+
+def test_a_save_place_that_cannot_be_written_is_refused_before_compiling(tmp_path, mount_tmpfs):
+    """Issue 45, item 8: --save under a file, onto a folder, into a read-only place: one line, before the compile;
+    the file in the way is left alone."""
+    (tmp_path / "file").write_text("mine")
+    read_only = mount_tmpfs("read_only", size="64k", read_only=True)
+    assert f"--save {tmp_path / 'file' / 'plan.json'}: {tmp_path / 'file'} is a file, so nothing" in refused(
+        "--tpu", "cpu", *tiny_flags(), "--save", str(tmp_path / "file" / "plan.json"))
+    assert f"--save {tmp_path} is a folder: give the file" in refused("--tpu", "cpu", *tiny_flags(), "--save",
+                                                                     str(tmp_path))
+    assert f"--save {read_only} is not writable (Read-only file system" in refused(
+        "--tpu", "cpu", *tiny_flags(), "--save", str(read_only / "plan.json"))
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_a_negative_memory_per_device_is_refused():
+    """Issue 45, item 13."""
+    said = refused("--tpu", "cpu", *tiny_flags(), "--hbm_gib", "-1")
+    assert "--hbm_gib -1: the memory of one device is a positive number of GiB" in said
+
+
+def test_local_without_a_tpu_is_answered_with_plans_own_advice():
+    """Issue 45, item 12: not train's --accelerator advice, but a TPU to name (or --tpu cpu)."""
+    from tpu_pretrain.runtime import tpu_chips_present
+
+    if tpu_chips_present():
+        pytest.skip("a TPU is here: --tpu local plans for it")
+    said = refused("--tpu", "local", *tiny_flags())
+    assert "--tpu local: JAX sees no TPU here; name the TPU to plan for" in said and "--accelerator" not in said
+
+
+def test_a_plan_saved_onto_a_full_disk_is_one_line_after_the_report(mount_tmpfs):
+    """Issue 45, item 8: a full disk is found only by writing: the report stands, then one line naming --save."""
+    full = mount_tmpfs("full", size="64k", full=True)
+    done = plan_command("--tpu", "cpu", *tiny_flags(), "--no_search", "--save", str(full / "plan.json"), timeout=300)
+    assert done.returncode == 2 and "FITS" in done.stdout, done.stdout + done.stderr
+    assert f"--save {full / 'plan.json'}: the plan was not written (No space left on device)" in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith("tpu-pretrain plan: "
+                                                                                              "error: --save")
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]

@@ -102,14 +102,49 @@ def _plan(config: Config, args: argparse.Namespace) -> int:
         for name, value in (("JAX_PLATFORMS", "cpu"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
                             ("TPU_STDERR_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3")):
             os.environ.setdefault(name, value)
-    from ..jax_backend.plan import plan, report
+    from ..jax_backend.plan import check_request, plan, report
 
+    check_request(tpu, args.hbm_gib)
+    if args.save:
+        _check_save(args.save)
     print(f"Compiling for {tpu}: a few minutes on a laptop's CPU (longer for a large model)...", flush=True)
     result = plan(config, tpu, search=not args.no_search, hbm_gib=args.hbm_gib)
     print(report(result), flush=True)
     if args.save:
-        from .. import storage
-
-        storage.write_text(args.save, json.dumps(result.to_json(), indent=2) + "\n")
+        _save_plan(args.save, json.dumps(result.to_json(), indent=2) + "\n")
         print(f"Saved to {args.save}.", flush=True)
     return EXIT_OK if result.fits else EXIT_FAILED
+
+
+def _check_save(path: str) -> None:
+    """``--save``'s place checked before the minutes of compiling: a folder, a file's parent that is a file, a
+    read-only place."""
+    if "://" in path:
+        return
+    from pathlib import Path
+
+    from ..errors import UserInputError
+    from ..storage.local import check_writable_folder
+
+    if Path(path).is_dir():
+        raise UserInputError(f"--save {path} is a folder: give the file to write the plan to "
+                             f"({Path(path) / 'plan.json'}).")
+    above = Path(path).parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UserInputError(f"--save {path}: {above} is a file, so nothing can be written under it; choose another "
+                             "--save.")
+    check_writable_folder(Path(path).parent, "--save")
+
+
+def _save_plan(path: str, text: str) -> None:
+    """The plan written, or one line on why not (a full disk is found only by writing): the report stands above."""
+    from .. import storage
+    from ..errors import UserInputError
+
+    try:
+        storage.write_text(path, text)
+    except OSError as exc:
+        raise UserInputError(f"--save {path}: the plan was not written ({exc.strerror or exc}); free space there or "
+                             "choose another --save. The plan is printed above.") from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import re
 import tempfile
@@ -42,6 +43,8 @@ _OOM_TEMPORARIES = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)
                               r"\(([\d.]+)([KMGT]?)i?B?\)", re.IGNORECASE)
 _OOM_ONE = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+NO_LOCAL_TPU = ("--tpu local: JAX sees no TPU here; name the TPU to plan for (--tpu v5e-1, v5e-8, v6e-1...), or "
+                "--tpu cpu to check the settings on this machine's CPU.")
 
 
 @dataclass
@@ -87,6 +90,9 @@ class Plan:
     accumulated: StepCompile | None = None  # the asked-for global batch with gradient accumulation, fitting
     compiles: list[StepCompile] = field(default_factory=list)
     versions: str = ""
+    compiler: str = "the TPU compiler"  # which compiler said it: a TPU's, or XLA's CPU compiler (--tpu cpu)
+    searched: bool = True  # whether a batch that does not fit was followed by a search (not with --no_search)
+    notes: list[str] = field(default_factory=list)  # what the plan does not describe of these settings
 
     @property
     def fits(self) -> bool:
@@ -137,9 +143,12 @@ def target_devices(target: TpuTarget | None, precision: str = "auto"):
     from .devices import Devices, detect_devices, training_precision
 
     if target is None:  # the chips here, compiled for from shapes too: nothing is placed on them
-        devices = detect_devices("tpu", precision)
-        if devices.kind != "tpu":
-            raise UserInputError("--tpu local: no TPU here; name the TPU to plan for (--tpu v5e-1, v5e-8, v6e-1...).")
+        try:
+            devices = detect_devices("tpu", precision)
+        except UserInputError:  # its advice is train's (--accelerator); plan's is a TPU to name
+            devices = None
+        if devices is None or devices.kind != "tpu":
+            raise UserInputError(NO_LOCAL_TPU)
         return dataclasses.replace(devices, abstract=True)
     try:
         from jax.experimental import topologies
@@ -192,12 +201,26 @@ def compile_step(trainer, batch: int, accumulation: int, capacity: int) -> StepC
     stats = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    memory = {"state": stats.argument_size_in_bytes - input_bytes,
+    memory = {"state": state_bytes(trainer),
               "input": input_bytes * _inputs_resident(trainer),
               "temporaries": stats.temp_size_in_bytes,
               "output": max(0, stats.output_size_in_bytes - stats.alias_size_in_bytes),
               "program": stats.generated_code_size_in_bytes}
     return StepCompile(batch, accumulation, seconds, capacity, memory=memory, flops=(cost or {}).get("flops"))
+
+
+def state_bytes(trainer) -> int:
+    """One device's share of the training state, from its shapes and shardings. Not the compiler's argument size
+    less the input: the compiler drops input the step never reads (an MLM-only model's NSP labels), so that
+    difference undercounts the state, and goes below zero at a large batch."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree.leaves(trainer.state):
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        total += math.prod(shape) * leaf.dtype.itemsize
+    return total
 
 
 def _inputs_resident(trainer) -> int:
@@ -255,6 +278,29 @@ def _predicted(points: list[tuple[int, int]], capacity: int, low: int, high: int
     return guess
 
 
+def check_request(tpu: str, hbm_gib: float = 0.0) -> TpuTarget | None:
+    """The described target of ``tpu`` (None: ``local`` or ``cpu``), refusing what no compile can answer: an
+    unknown TPU, a memory per device that is not a positive number of GiB (0: the chip's own)."""
+    from ..runtime import tpu_chips_present
+
+    if not (math.isfinite(hbm_gib) and hbm_gib >= 0):
+        raise UserInputError(f"--hbm_gib {hbm_gib:g}: the memory of one device is a positive number of GiB (16 for "
+                             "a v5e chip); leave it out to plan for the chip's published HBM.")
+    if tpu == "local" and not tpu_chips_present():
+        raise UserInputError(NO_LOCAL_TPU)
+    return None if tpu in ("local", "cpu") else tpu_target(tpu)
+
+
+def backend_notes(config: Config) -> list[str]:
+    """What a plan of ``config`` does not describe: the TensorFlow backend trains another program than the JAX
+    step compiled here."""
+    if config.train.backend != "tensorflow":
+        return []
+    return ["Note: plan compiles the JAX backend's training step; --backend tensorflow trains with another program "
+            "(Keras on TensorFlow), whose memory and speed this plan does not measure. Train with --backend jax to "
+            "run the step planned here."]
+
+
 def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float = 0.0) -> Plan:
     """Compile ``config``'s training step for ``tpu`` (a target name, ``local``: the TPU here, or ``cpu``: this host's
     devices, with ``hbm_gib``) and, when it does not fit, find what does. ``hbm_gib`` overrides the memory one
@@ -263,7 +309,7 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
 
     from .trainer import JaxTrainer
 
-    target = None if tpu in ("local", "cpu") else tpu_target(tpu)
+    target = check_request(tpu, hbm_gib)
     if tpu == "cpu":  # this host's devices and XLA's CPU compiler: the search's small target in tests
         from .devices import Devices
 
@@ -291,7 +337,9 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
                   description=describe_run(trainer), precision=devices.precision, asked=asked,
                   formula_flops=run_plan.training_flops_per_sequence(), peak_flops=peak * r if peak else None,
                   num_train_steps=t.num_train_steps, compiles=compiles,
-                  versions=f"jax {jax.__version__}, libtpu {_libtpu_version()}")
+                  versions=f"jax {jax.__version__}" + ("" if tpu == "cpu" else f", libtpu {_libtpu_version()}"),
+                  compiler="XLA's CPU compiler" if tpu == "cpu" else "the TPU compiler", searched=search,
+                  notes=backend_notes(config))
     if search and not asked.fits and (asked.out_of_memory or not asked.error):
         result.largest = largest_fitting(compile_at, asked, batch // (r * k), capacity)
         largest = result.largest
@@ -343,10 +391,11 @@ def _memory_text(s: StepCompile) -> str:
 def report(p: Plan) -> str:
     """The plan as the command prints it."""
     a = p.asked
-    lines = [f"Plan for {p.target}: {p.description}; {p.precision}.",
-             f"Compiled by the TPU compiler ({p.versions}), not run on a TPU."]
+    lines = [f"Plan for {p.target}: {p.description}; {p.precision}.", *p.notes,
+             f"Compiled by {p.compiler} ({p.versions}), not run on a TPU"
+             + (": a check of the settings; a TPU's memory and speed differ." if p.target == "cpu" else ".")]
     if a.error and not a.out_of_memory:
-        lines.append("It does NOT compile for this TPU: the compiler says\n  " + a.error.replace("\n", "\n  "))
+        lines.append(f"It does NOT compile for {p.target}: the compiler says\n  " + a.error.replace("\n", "\n  "))
         return "\n".join(lines)
     lines.append(f"Batch: {_batch_text(a, p.devices)}.")
     if a.memory:
@@ -377,9 +426,17 @@ def report(p: Plan) -> str:
 
 
 def _what_fits(p: Plan) -> list[str]:
+    """What fits instead, claimed only of batches compiled: none with --no_search; one sequence per device only
+    when the search compiled it."""
+    if not p.searched:
+        return ["No smaller batch was compiled (--no_search): leave --no_search out to find the largest that fits."]
     if p.largest is None:
-        return ["Not even one sequence per device fits: choose a smaller model or sequence length, or a TPU with more "
-                "memory per chip."]
+        smallest = min(c.batch // p.devices // c.accumulation for c in p.compiles)
+        if smallest <= 1:
+            return ["Not even one sequence per device fits: choose a smaller model or sequence length, or a TPU with "
+                    "more memory per chip."]
+        return [f"The search stopped after {len(p.compiles)} compiles without a batch that fits; the smallest "
+                f"compiled, {smallest:,} per device, does not: try --train_batch_size {smallest * p.devices // 2:,}."]
     if not p.largest.fits:
         return [f"The search stopped at a compile error: {p.largest.error}"]
     best = p.largest
