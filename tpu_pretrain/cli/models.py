@@ -25,8 +25,8 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         "for one word of two WordPieces; a [SEP] starts a second segment.")
     parser.add_argument("--top_k", type=int, default=5, help="Candidates shown per [MASK] slot (default: 5).")
     parser.add_argument("--all", action="store_true", help="Read every eval record (ignore max_eval_steps).")
-    parser.add_argument("--output", help="Results JSON file, or a folder to write evaluation.json in (default: "
-                        "RUN/evaluation.json).")
+    parser.add_argument("--output", help="Results file NAME.json, or a folder to write evaluation.json in (any other "
+                        "new name is a folder, made) (default: RUN/evaluation.json).")
     parser.add_argument("--blimp", nargs="?", const="hf://datasets/nyu-mll/blimp", metavar="PATH",
                         help="Also score BLiMP's English minimal pairs by pseudo-log-likelihood (accuracy per "
                         "phenomenon, field and overall, in blimp.json beside evaluation.json): PATH is a folder of "
@@ -43,6 +43,10 @@ def _evaluate(config: Config, args: argparse.Namespace) -> int:
     from ..export.plots import plot_run
 
     trained = blimp = None
+    if args.blimp_pairs is not None and args.blimp is None:
+        raise UserInputError(f"--blimp_pairs {args.blimp_pairs} counts BLiMP's pairs, and BLiMP is scored only with "
+                             "--blimp (PATH, or alone for the Hugging Face Hub): add --blimp, or leave --blimp_pairs "
+                             "out.")
     if args.blimp is not None:  # the pairs read first: a wrong PATH is said before the slow work
         from ..export import blimp
         from ..export.rebuild import load_trained_model

@@ -10,7 +10,6 @@ come first, then ``[unusedN]`` placeholders for later domain tokens, then every 
 from __future__ import annotations
 
 import collections
-import errno
 import hashlib
 import io
 import logging
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserInputError
-from ..storage.local import write_text_atomic
+from ..storage.local import disk_full_said, write_text_atomic
 from .data_folder import VOCAB
 from .tokenizer_json import TOKENIZER_JSON, is_tokenizer_json, tokenizer_json_file
 from .vocab_tokenizer import SPECIAL_TOKENS
@@ -191,16 +190,10 @@ def build_vocab(config, overwrite: bool = False) -> VocabResult:
 
 
 def _write_vocab(out: Path, tokens: list[str]) -> None:
-    """vocab.txt written whole or not at all; a full disk (found only by writing) said in one line, as create-data
-    says it."""
-    try:
+    """vocab.txt written whole or not at all; a full disk said in one line, as create-data says it."""
+    with disk_full_said(out):
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, "\n".join(tokens) + "\n")
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise UserInputError(f"The disk under {out.parent} is full ({exc.strerror}): {out} was not written. Free "
-                             "space and run the same command again.") from None
 
 
 def token_uses(tokens: list[str], words_per_line: list[list[str]]) -> list[int]:

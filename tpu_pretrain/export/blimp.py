@@ -24,7 +24,7 @@ import numpy as np
 from ..data.tokenization import load_tokenizer
 from ..errors import UserInputError
 from ..models.inference import InferenceModel
-from ..storage.local import write_text_atomic
+from ..storage.local import disk_full_said, write_text_atomic
 from .rebuild import TrainedModel, build_inference
 
 log = logging.getLogger(__name__)
@@ -73,23 +73,34 @@ def read_local(path: str | os.PathLike, per_phenomenon: int | None = None) -> li
                              "--blimp alone to read it from the Hugging Face Hub.")
     pairs, counts = [], defaultdict(int)
     for file in files:
-        with open(file, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserInputError(f"{file}, line {number}: not JSON ({exc.msg}).") from None
-                if not isinstance(row, dict):
-                    raise UserInputError(f"{file}, line {number}: a BLiMP pair is a JSON object.")
-                pair = _pair(row, f"{file}, line {number}")
-                if per_phenomenon is None or counts[pair.uid] < per_phenomenon:
-                    counts[pair.uid] += 1
-                    pairs.append(pair)
+        for number, line in enumerate(_text_lines(file), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserInputError(f"{file}, line {number}: not JSON ({exc.msg}).") from None
+            if not isinstance(row, dict):
+                raise UserInputError(f"{file}, line {number}: a BLiMP pair is a JSON object.")
+            pair = _pair(row, f"{file}, line {number}")
+            if per_phenomenon is None or counts[pair.uid] < per_phenomenon:
+                counts[pair.uid] += 1
+                pairs.append(pair)
     if not pairs:
         raise UserInputError(f"--blimp {path}: no pairs in {', '.join(str(f) for f in files[:3])}.")
     return pairs
+
+
+def _text_lines(file: Path) -> list[str]:
+    """A .jsonl file's lines as UTF-8 (JSON's encoding), a byte-order mark skipped as corpus files' is; other bytes
+    named by line, with the fix."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UserInputError(f"{file}, line {line}: not UTF-8 text (byte {data[exc.start]:#04x}); JSON lines are "
+                             "UTF-8: convert the file (iconv -f latin1 -t utf-8), or use BLiMP's own files.") from None
 
 
 def read_hub(per_phenomenon: int | None = None) -> list[Pair]:
@@ -240,5 +251,6 @@ def evaluate_blimp(trained: TrainedModel, pairs: list[Pair], source: str = HUB_S
     result.seconds = time.perf_counter() - started
     if output is not None:
         result.path = str(output)
-        write_text_atomic(output, json.dumps(asdict(result), indent=2) + "\n")
+        with disk_full_said(output):
+            write_text_atomic(output, json.dumps(asdict(result), indent=2) + "\n")
     return result

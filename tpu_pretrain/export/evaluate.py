@@ -24,7 +24,7 @@ from ..core.run_folder import EVALUATION, RunFolder
 from ..data.data_folder import EVAL, corrupt_shard_error, feature_shapes, read_data_info
 from ..data.tfrecord import CorruptRecord, decode_examples, read_records
 from ..errors import UserInputError
-from ..storage.local import check_writable_folder, write_text_atomic
+from ..storage.local import check_writable_folder, disk_full_said, write_text_atomic
 from .fill_mask import fill_mask, format_fill_mask
 from .rebuild import TrainedModel, load_trained_model
 
@@ -135,8 +135,8 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str | None = None, *, sente
     overrides the backend that trained the run (:func:`.rebuild.inference_backend`).
     """
     started = time.perf_counter()
-    if output is not None:  # checked before the slow work; a folder gets evaluation.json inside
-        output = Path(output) / EVALUATION if Path(output).is_dir() else Path(output)
+    if output is not None:  # checked before the slow work
+        output = evaluation_file(output)
         check_writable_folder(output.parent, "--output")
     trained = trained or load_trained_model(run_dir, checkpoint, backend=backend)
     configured = trained.config.storage.data_dir if trained.config else None
@@ -156,8 +156,22 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str | None = None, *, sente
         output = RunFolder(trained.run_dir).evaluation_file
     if output is not None:
         result.path = str(output)
-        write_text_atomic(output, json.dumps(_jsonable(asdict(result)), indent=2, ensure_ascii=False) + "\n")
+        with disk_full_said(output):
+            write_text_atomic(output, json.dumps(_jsonable(asdict(result)), indent=2, ensure_ascii=False) + "\n")
     return result
+
+
+def evaluation_file(output: str | os.PathLike) -> Path:
+    """The file ``--output`` names: NAME.json itself; a folder, or a new name without .json (a folder then, made),
+    gets evaluation.json inside, so blimp.json beside it lands there too, not in the current folder. An existing
+    file of another kind is refused: it is not this tool's to replace."""
+    path = Path(output)
+    if path.suffix.lower() == ".json" and not path.is_dir():
+        return path
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"--output {path} is a file, not a results .json: give a folder (evaluation.json goes "
+                             "inside) or a NAME.json; the file was left alone.")
+    return path / EVALUATION
 
 
 def _jsonable(value):

@@ -6,6 +6,7 @@ reader (or a resumed run) never sees half a file, even if the process dies mid-w
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import drive
-from .errors import NotFoundError, StorageError
+from .errors import InsufficientSpaceError, NotFoundError, StorageError
 
 TEMP_MARK = ".tpu-pretrain-tmp-"
 # Writes at least this large are preceded by a free-space check (checkpoints, shards).
@@ -80,6 +81,19 @@ def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8
     """Write a small text file (a manifest, a config, a pointer) so that readers see the old or the new one."""
     with atomic_open(path) as f:
         f.write(text.encode(encoding))
+
+
+@contextmanager
+def disk_full_said(path: str | os.PathLike) -> Iterator[None]:
+    """A full disk (ENOSPC, EDQUOT) met in the block as one line naming ``path`` and the fix: a disk is found full
+    only by writing, after the checks that run before the slow work."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise InsufficientSpaceError(f"The disk under {Path(path).parent} is full ({exc.strerror}): {path} was not "
+                                     "written. Free space and run the same command again.") from None
 
 
 def check_writable_folder(path: str | os.PathLike, setting: str = "output_dir") -> Path:
