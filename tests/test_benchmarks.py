@@ -9,6 +9,7 @@ process importing a framework and building a graph), and each test waits for its
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -29,7 +30,7 @@ JOBS = min(4, max(2, (os.cpu_count() or 1) // 2))  # smoke runs at once
 
 def test_benchmarks_are_found():
     names = {script.name for script in BENCHMARKS}
-    assert {"bench_train.py", "bench_train_jax.py", "bench_storage.py"} <= names, names
+    assert {"bench_train.py", "bench_train_jax.py", "bench_storage.py", "bench_gpu.py"} <= names, names
 
 
 def run_smoke(script: Path, running: set) -> tuple[int | None, str, str, float]:
@@ -94,4 +95,18 @@ def test_benchmark_smoke_run(script: Path, smoke_runs):
         f"(does it read --smoke at all?):\n{stdout[-3000:]}")
     figures = [line for line in stdout.splitlines() if FIGURE.search(line) and "smoke" not in line.lower()]
     assert figures, f"{script.name} --smoke printed no figure:\n{stdout[-3000:]}"
+    if script.name == "bench_gpu.py":
+        check_gpu_bench(stdout)
     print(f"{script.name} --smoke: {seconds:.1f} s")
+
+
+def check_gpu_bench(stdout: str) -> None:
+    """bench_gpu.py ran every phase (none failed, none left out for time), printed its table and wrote its JSON."""
+    written = re.search(r"^results written to (.+)$", stdout, re.MULTILINE)
+    assert written, f"bench_gpu.py --smoke did not say where its JSON went:\n{stdout[-3000:]}"
+    results = json.loads(Path(written[1]).read_text())
+    assert not [n for n, phase in results["phases"].items() if "error" in phase or "skipped" in phase], (
+        f"bench_gpu.py --smoke lost phases:\n{stdout[-3000:]}")
+    assert all(row["sequences_per_second"] for row in results["rows"]), results["rows"]
+    assert all(ratio["value"] for ratio in results["ratios"].values()), results["ratios"]
+    assert all(row["what"][:40] in stdout for row in results["rows"]), f"no table:\n{stdout[-3000:]}"
