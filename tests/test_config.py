@@ -39,9 +39,12 @@ def test_max_predictions_beyond_the_masked_budget_is_refused_with_the_fix():
     Config.load(recipe="classic", max_seq_length=512, max_predictions_per_seq=80)  # BERT's own long-sequence one
 
 
-def test_max_seq_length_above_position_embeddings():
-    with pytest.raises(ConfigError, match="max_seq_length=1024 .*max_position_embeddings=512"):
-        Config.load(max_seq_length=1024, max_predictions_per_seq=150)
+def test_the_data_has_no_position_limit():
+    """Any length is data's to have: the model's positions are checked by train, where the model is known."""
+    config = Config.load(max_seq_length=1024, max_predictions_per_seq=0)
+    assert (config.data.max_seq_length, config.model.max_position_embeddings) == (1024, 0)  # 0: the family's own
+    with pytest.raises(ConfigError, match="max_position_embeddings=-1 .*use 0"):
+        Config.load(max_position_embeddings=-1)
 
 
 def test_types_are_checked_with_the_setting_named():

@@ -38,13 +38,9 @@ def check_settings(config) -> None:
 def _check_data(d, m) -> None:
     _require(d.random_seed >= 0, "random_seed", d.random_seed, "use 0 or more")
     _require(d.max_seq_length >= 8, "max_seq_length", d.max_seq_length, "use at least 8 (BERT uses 128 or 512)")
-    _require(
-        d.max_seq_length <= m.max_position_embeddings,
-        "max_seq_length",
-        d.max_seq_length,
-        f"it is above max_position_embeddings={m.max_position_embeddings}; lower max_seq_length or "
-        "raise max_position_embeddings (a released model's limit cannot be raised)",
-    )
+    # The data has no position limit: train checks the model's against the data's length (core.resolve).
+    _require(m.max_position_embeddings >= 0, "max_position_embeddings", m.max_position_embeddings,
+             "use 0 (the model family's own: bert 512, modernbert 8,192) or at least the data's max_seq_length")
     _require(0 < d.masked_lm_prob < 1, "masked_lm_prob", d.masked_lm_prob, "use a value in (0, 1), e.g. 0.15")
     _require(0 < d.eval_masked_lm_prob < 1, "eval_masked_lm_prob", d.eval_masked_lm_prob,
              "use a value in (0, 1), e.g. 0.15")

@@ -134,7 +134,9 @@ class ModelConfig:
                          "bert_config_file is set.", steps=(TRAIN,))
     bert_config_file: str = _f("", "bert_config.json of the model to build; modernbert: a transformers config.json "
                                "(model_type modernbert).", steps=(TRAIN,))
-    max_position_embeddings: int = _f(512, "Position embeddings of a model built from model_size.", steps=(TRAIN,))
+    max_position_embeddings: int = _f(0, "Positions of a model built from model_size (the longest max_seq_length it "
+                                      "trains on); 0: the family's own, bert 512 and modernbert 8,192 as released "
+                                      "(a run continued: the run's).", steps=(TRAIN,))
     init_checkpoint: str = _f("", "Initial weights: a Google TF checkpoint or a Hugging Face BERT folder "
                               "(modernbert: a transformers ModernBERT folder).", steps=(TRAIN,))
     hidden_dropout_prob: float = _f(-1.0, "Dropout rate; -1 keeps bert_config's (0.1 for a model_size; modernbert: "

@@ -296,3 +296,90 @@ def test_what_a_modernbert_run_refuses(data, reference, tmp_path, capsys):
     said = " ".join(capsys.readouterr().err.split())
     assert "format=tf: Google's BERT checkpoint (bert_model.ckpt) has no place for a ModernBERT" in said
     assert "--format hf" in said and not (tmp_path / "tf").exists()
+
+
+LONG = 1024
+
+
+def test_modernbert_at_1024_from_the_command_line(data, jax_cache, tmp_path, capsys):
+    """``create-data --max_seq_length 1024`` with no config file (the data has no position limit); ``train`` a tiny
+    ModernBERT on it (the named size's released 8,192 positions); ``evaluate``; ``export`` loaded by transformers'
+    ``ModernBertForMaskedLM`` to the same logits on a row longer than 512 tokens (sliding-window layers included).
+    A model with fewer positions than the data's length is refused by train, naming --max_position_embeddings."""
+    from tpu_pretrain.export.rebuild import load_trained_model
+
+    long_data = tmp_path / "data"
+    assert main(["create-data", "--recipe", "modern", "--input", str(data / "corpus.txt"), "--vocab_file",
+                 str(data / "vocab.txt"), "--output_dir", str(long_data), "--max_seq_length", str(LONG),
+                 "--dupe_factor", "2", "--eval_fraction", "0.1", "--workers", "1"]) == 0
+    manifest = json.loads((long_data / "manifest.json").read_text())
+    assert manifest["settings"]["max_seq_length"] == LONG
+
+    capsys.readouterr()
+    refused = ["train", "--backend", "jax", "--model_family", "modernbert", "--model_size", "tiny", "--data_dir",
+               str(long_data), "--output_dir", str(tmp_path / "short"), "--train_batch_size", "2",
+               "--max_position_embeddings", "512"]
+    assert main(refused) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"has max_seq_length {LONG}, above the model's max_position_embeddings 512: train with "
+            f"--max_position_embeddings {LONG} (or more)") in said, said
+    refused[refused.index("modernbert")] = "bert"
+    assert main(refused[:-2]) == 2  # BERT's own 512
+    assert "above the model's max_position_embeddings 512" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "short").exists()
+
+    run = tmp_path / "run"
+    command = train_command(long_data, run)[3:]
+    for flag, value in (("--train_batch_size", "2"), ("--num_train_steps", "4")):
+        command[command.index(flag) + 1] = value
+    assert main(command) == 0
+    recorded = json.loads((run / "modernbert_config.json").read_text())
+    assert recorded["max_position_embeddings"] == 8192  # ModernBERT's released positions
+    assert json.loads((run / "config.json").read_text())["model"]["max_position_embeddings"] == 8192
+
+    assert main(["evaluate", str(run), "--output", str(tmp_path / "evaluation.json")]) == 0
+    figures = json.loads((tmp_path / "evaluation.json").read_text())["metrics"]
+    assert np.isfinite(figures["mlm_loss"]) and figures["mlm_loss"] > 0
+
+    folder = tmp_path / "hf"
+    assert main(["export", str(run), "--format", "hf", "--output", str(folder)]) == 0
+    model, info = transformers.ModernBertForMaskedLM.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    text = " ".join((data / "corpus.txt").read_text(encoding="utf-8").split())
+    encoded = tokenizer([text, " ".join(text.split()[:300])], padding="max_length", max_length=LONG,
+                        truncation=True, return_tensors="np")
+    ids = encoded["input_ids"].astype(np.int32)
+    assert (ids[0] != 0).all() and (ids[1] == 0).any()  # a full row of 1,024 and a padded one
+    positions = np.zeros((2, 24), np.int32)
+    for row in range(2):
+        real = np.flatnonzero(ids[row] > tokenizer.sep_token_id)[::42][:24]  # spread over the row, past 512
+        positions[row, :len(real)] = real
+        ids[row, real] = tokenizer.mask_token_id
+    assert positions.max() > 900
+    with torch.no_grad():
+        logits = model.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                              attention_mask=torch.tensor(ids != 0, dtype=torch.long)).logits.numpy()
+    theirs = np.take_along_axis(logits, positions[:, :, None], axis=1)
+    ours = load_trained_model(run).model.outputs(ids, np.zeros_like(ids), positions)[0]
+    worst = float(np.abs(ours - theirs).max())
+    print(f"MLM logits at {LONG}, JAX checkpoint vs transformers on the export: max abs difference {worst:.3g}")
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_a_run_continued_keeps_its_positions(data, reference, tmp_path):
+    """A ModernBERT run started when its named size had 512 positions continues with them (the default is the run's,
+    not the released 8,192, which would change its shape and refuse the resume); a new run gets 8,192."""
+    from tpu_pretrain.core.resolve import RunPlan
+
+    older = tmp_path / "older"
+    shutil.copytree(reference, older)
+    for name, section in (("modernbert_config.json", None), ("run.json", "model")):
+        record = json.loads((older / name).read_text())
+        (record[section] if section else record)["max_position_embeddings"] = 512
+        (older / name).write_text(json.dumps(record))
+    settings = dict(backend="jax", model_family="modernbert", model_size="tiny", data_dir=str(data / "data"),
+                    train_batch_size=8)
+    assert RunPlan.resolve(Config.load(**settings, output_dir=str(older))).model_config.max_position_embeddings == 512
+    fresh = RunPlan.resolve(Config.load(**settings, output_dir=str(tmp_path / "new")))
+    assert fresh.model_config.max_position_embeddings == 8192

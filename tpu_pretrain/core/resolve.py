@@ -51,6 +51,7 @@ class RunPlan:
         data = read_data_info(config.storage.data_dir)
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
+        positions_of_the_run(config)
         vocab = run_vocab(config, data)
         check_data_fills_a_batch(config.train, data)
         schedule = planned(config.train)
@@ -201,9 +202,48 @@ def _check_same_vocab(vocab: Vocab, data: DataInfo) -> None:
 
 
 def run_model_config(config: Config, data: DataInfo, vocab: Vocab | None) -> BertConfig | ModernBertConfig:
-    """The model's shape of the run's model_family (:func:`run_bert_config`, :func:`run_modernbert_config`)."""
+    """The model's shape of the run's model_family (:func:`run_bert_config`, :func:`run_modernbert_config`), its
+    positions checked against the data's length; a model built from model_size records the positions it has."""
     family = family_named(config.model.model_family)
-    return (run_modernbert_config if family is MODERNBERT else run_bert_config)(config, data, vocab)
+    model_config = (run_modernbert_config if family is MODERNBERT else run_bert_config)(config, data, vocab)
+    check_positions(config, data, model_config)
+    m = config.model
+    if not (m.max_position_embeddings or m.bert_config_file or m.init_checkpoint):
+        m.max_position_embeddings = model_config.max_position_embeddings
+    return model_config
+
+
+def positions_of_the_run(config: Config) -> None:
+    """max_position_embeddings 0 (the family's own) continuing a run: the run's, which may predate ModernBERT's
+    8,192 (a changed shape would refuse the resume)."""
+    m, output_dir = config.model, config.storage.output_dir
+    if m.max_position_embeddings or not output_dir or "://" in output_dir:
+        return
+    run = RunFolder(output_dir)
+    if run.is_run() and run.read_identity():
+        try:
+            m.max_position_embeddings = run.read_model_config().max_position_embeddings
+        except (UserInputError, OSError, ValueError):
+            return  # a damaged shape file is said where the run is read
+
+
+def check_positions(config: Config, data: DataInfo, model_config) -> None:
+    """The data's max_seq_length within the model's positions (the data has no limit of its own); the error names
+    what fixes it: the flag for a model built from model_size, the file or checkpoint that fixes them otherwise."""
+    seq, positions = data.max_seq_length, model_config.max_position_embeddings
+    if seq <= positions:
+        return
+    m = config.model
+    where = f" in {data.data_dir}" if data.data_dir else ""
+    lower = f"or make the data with --max_seq_length {positions} or less"
+    if m.bert_config_file:
+        fix = f"raise max_position_embeddings in {m.bert_config_file} to {seq} or more, {lower}"
+    elif m.init_checkpoint:
+        fix = f"init_checkpoint {m.init_checkpoint} has {positions} positions; {lower}"
+    else:
+        fix = f"train with --max_position_embeddings {seq} (or more), {lower}"
+    raise UserInputError(f"The data{where} has max_seq_length {seq}, above the model's max_position_embeddings "
+                         f"{positions}: {fix}.")
 
 
 def run_modernbert_config(config: Config, data: DataInfo, vocab: Vocab | None) -> ModernBertConfig:

@@ -104,9 +104,10 @@ def checkpoint_bert_config(init_checkpoint: str) -> BertConfig | None:
 
 
 def resolve_bert_config(*, model_size: str = "", bert_config_file: str = "", init_checkpoint: str = "",
-                        vocab_size: int | None = None, max_position_embeddings: int = 512,
+                        vocab_size: int | None = None, max_position_embeddings: int = 0,
                         hidden_dropout_prob: float = -1.0) -> BertConfig:
-    """Pick the model's shape: bert_config_file, else the init checkpoint's config, else model_size."""
+    """Pick the model's shape: bert_config_file, else the init checkpoint's config, else model_size (with
+    ``max_position_embeddings`` positions; 0: BERT's 512)."""
     if bert_config_file:
         config = BertConfig.from_json_file(bert_config_file)
     elif init_checkpoint and checkpoint_bert_config(init_checkpoint):
@@ -115,7 +116,7 @@ def resolve_bert_config(*, model_size: str = "", bert_config_file: str = "", ini
         if not vocab_size:
             raise UserInputError("model_size needs the vocab size: give vocab_file or a data_dir with a "
                                  "manifest.json.")
-        config = bert_config_for_size(model_size, vocab_size, max_position_embeddings)
+        config = bert_config_for_size(model_size, vocab_size, max_position_embeddings or 512)
     else:
         raise UserInputError("Say which model to build: --model_size (e.g. L4-H256) or --bert_config_file.")
     if vocab_size and config.vocab_size != vocab_size:

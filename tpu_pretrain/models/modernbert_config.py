@@ -261,11 +261,12 @@ def checkpoint_modernbert_config(init_checkpoint: str) -> ModernBertConfig | Non
 
 def resolve_modernbert_config(*, model_size: str = "", config_file: str = "", init_checkpoint: str = "",
                               vocab_size: int | None = None, token_ids: dict[str, int] | None = None,
-                              max_position_embeddings: int = 512, dropout: float = -1.0,
+                              max_position_embeddings: int = 0, dropout: float = -1.0,
                               padded_vocab: bool = False) -> ModernBertConfig:
     """Pick a ModernBERT's shape: ``config_file`` (a transformers config.json), else the init checkpoint's, else
-    ``model_size``; checked against the data's vocab (its size and, ``token_ids``, its special tokens: ids the
-    config leaves out are taken from the vocab). ``dropout`` >= 0 sets the embedding, attention and MLP dropout.
+    ``model_size`` (``max_position_embeddings`` positions; 0: the released 8,192); checked against the data's
+    vocab (its size and, ``token_ids``, its special tokens: ids the config leaves out are taken from the vocab).
+    ``dropout`` >= 0 sets the embedding, attention and MLP dropout.
     ``padded_vocab`` (a tokenizer.json's vocab): the model's vocab may be larger than the tokenizer's, as released
     ModernBERTs pad theirs to a multiple of 64 (50368 rows for 50285 tokens); a named size is padded so too."""
     source = config_file or (f"init_checkpoint {init_checkpoint}" if init_checkpoint else f"model_size {model_size}")
@@ -278,7 +279,7 @@ def resolve_modernbert_config(*, model_size: str = "", config_file: str = "", in
         if not vocab_size:
             raise UserInputError("model_size needs the vocab size: give vocab_file or a data_dir with a manifest.json.")
         rows = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE if padded_vocab else vocab_size
-        config = modernbert_config_for_size(model_size, rows, max_position_embeddings, **ids)
+        config = modernbert_config_for_size(model_size, rows, max_position_embeddings or None, **ids)
     else:
         raise UserInputError("Say which ModernBERT to build: --model_size (base, large, L4-H256...), "
                              "--bert_config_file (a transformers config.json) or --init_checkpoint (a transformers "
