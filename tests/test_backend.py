@@ -71,6 +71,24 @@ def test_a_setting_the_backend_does_not_offer_is_refused_before_any_data_is_read
     assert not missing.exists()
 
 
+def test_document_masks_on_the_tensorflow_backend_are_refused_with_the_reason(tmp_path, capsys):
+    """The TensorFlow backend's attention has no document masks: ``on`` is refused before any data is read (it would
+    train without them and record "on"); ``auto`` and ``off`` train as they are."""
+    from tpu_pretrain.cli import main
+
+    missing = tmp_path / "no_data_here"
+    assert main(["train", "--backend", "tensorflow", "--document_masks", "on", "--data_dir", str(missing),
+                 "--output_dir", str(tmp_path / "run"), "--model_size", "L2-H128"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("document_masks='on' (the documents of packed rows kept apart; the TensorFlow backend's attention has no "
+            "document masks) is offered by the jax backend, not tensorflow: train with --backend jax, or leave "
+            "document_masks unset") in said, said
+    assert not missing.exists() and not (tmp_path / "run").exists()
+    for mode in ("auto", "off"):
+        backend.check_offered("tensorflow", Config.load(document_masks=mode))
+    backend.check_offered("jax", Config.load(document_masks="on"))
+
+
 @pytest.mark.parametrize("setting,value", [("lr_schedule", "wsd"), ("dynamic_masking", True),
                                            ("mixed_precision", "float16")])
 def test_both_backends_offer_wsd_dynamic_masking_and_float16(setting, value):

@@ -70,12 +70,14 @@ def test_the_jax_backend_refuses_several_machines(monkeypatch, capsys, tmp_path)
     args = ["train", "--backend", "jax", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "run"),
             "--model_size", "L2-H128"]
     assert main([*args, "--worker_hosts", "a:1,b:2", "--task_index", "0"]) == 2
-    assert "worker_hosts='a:1,b:2' (training on several machines) is offered by the tensorflow backend, not jax" \
-        in capsys.readouterr().err
+    assert ("worker_hosts='a:1,b:2' (training on several machines with TensorFlow's workers) is offered by the "
+            "tensorflow backend, not jax") in " ".join(capsys.readouterr().err.split())
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
                                                 "task": {"type": "worker", "index": 0}}))
     assert main(args) == 2
-    assert "TF_CONFIG describes 2 machines, but the jax backend trains on one" in capsys.readouterr().err
+    said = " ".join(capsys.readouterr().err.split())
+    assert "TF_CONFIG describes 2 machines, but the jax backend does not read TensorFlow's workers (it trains on " \
+        "several processes with JAX's runtime: --coordinator_address" in said
     assert not (tmp_path / "run").exists()
 
 

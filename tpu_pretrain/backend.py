@@ -77,14 +77,18 @@ class Offer:
 
 # What each backend offers beyond what both do: the one table that settings validation reads, before any data.
 OFFERS = (
-    Offer("worker_hosts", bool, (TENSORFLOW,), "training on several machines"),
-    Offer("task_index", bool, (TENSORFLOW,), "training on several machines"),
+    # Each backend trains on several machines, each its own way: TensorFlow's workers, or JAX's runtime (below).
+    Offer("worker_hosts", bool, (TENSORFLOW,), "training on several machines with TensorFlow's workers"),
+    Offer("task_index", bool, (TENSORFLOW,), "training on several machines with TensorFlow's workers"),
     # JAX's own multi-process runtime (jax.distributed): a TPU VM pod's hosts, or several GPU machines.
     Offer("coordinator_address", bool, (JAX,), "training on several machines with JAX's runtime"),
     Offer("num_processes", lambda n: n > 1, (JAX,), "training on several machines with JAX's runtime"),
     Offer("process_index", bool, (JAX,), "training on several machines with JAX's runtime"),
     Offer("tpu_name", lambda name: name != "local", (TENSORFLOW,), "a TPU reached by name or address"),
     Offer("jit_compile", lambda mode: mode == "off", (TENSORFLOW,), "training without XLA"),
+    # The TensorFlow backend's attention has no document masks: "on" would train without them and record "on".
+    Offer("document_masks", lambda mode: mode == "on", (JAX,),
+          "the documents of packed rows kept apart; the TensorFlow backend's attention has no document masks"),
     # A family one backend alone builds (ModernBERT): no machine makes the other backend right for it.
     *(Offer("model_family", lambda name, family=family: name == family.name, family.backends, family.title,
             picks_auto=True) for family in FAMILIES.values() if set(family.backends) != set(BACKENDS)),

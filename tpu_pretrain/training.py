@@ -94,7 +94,9 @@ def make_trainer(config: Config) -> Trainer:
     workers = find_workers(config.train.worker_hosts, config.train.task_index)
     if workers is not None and backend != TENSORFLOW:
         raise UserInputError(f"{workers.source} describes {len(workers.addresses)} machines, but the {backend} backend "
-                             "trains on one: unset TF_CONFIG to train here alone, or train with --backend tensorflow.")
+                             "does not read TensorFlow's workers (it trains on several processes with JAX's runtime: "
+                             "--coordinator_address, --num_processes, --process_index, or a TPU pod's own): unset "
+                             "TF_CONFIG, or train with --backend tensorflow.")
     log.info("Training backend: %s (%s).", backend, reason)
     config.train.backend = backend  # the run records the backend it was trained with
     if backend == "jax":
