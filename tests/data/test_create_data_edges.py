@@ -140,3 +140,37 @@ def test_a_model_folder_holding_a_vocab_txt_is_a_vocab_file_for_both_steps(vocab
     assert plan.model_config.vocab_size == 1200
     with pytest.raises(UserInputError, match=f"Folder '{tmp_path}' holds no vocab.txt or tokenizer.json"):
         RunPlan.resolve(Config.load(data_dir=str(tmp_path / "data"), vocab_file=str(tmp_path), model_size="L2-H128"))
+
+
+def test_a_marker_separated_corpus_gets_the_doc_separator_hint_and_its_held_out_share_explained(
+        vocab, tmp_path, caplog):
+    """A corpus of short poems between lines of ``%`` (a blank line only every 20 poems) read without
+    --doc_separator: a few long documents, one held out (far more than eval_fraction's 1% of the text). Both are
+    said, naming the fix; with ``--doc_separator %`` each poem is a document and neither is said."""
+    import logging
+
+    from tpu_pretrain.cli import main
+
+    lines = [line.strip() for line in write_sample_corpus(tmp_path / "sample.txt", max_chars=30_000)
+             .read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(lines) > 180
+    poems = ["\n".join(lines[i:i + 3]) for i in range(0, 180, 3)]
+    text = "".join(poem + ("\n%\n\n" if (n + 1) % 20 == 0 else "\n%\n") for n, poem in enumerate(poems))
+    corpus = tmp_path / "poems.txt"
+    corpus.write_text(text, encoding="utf-8")
+
+    def create(out, *extra):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tpu_pretrain"):
+            assert main(["create-data", "--input", str(corpus), "--vocab_file", vocab, "--output_dir", str(out),
+                         "--max_seq_length", "64", "--dupe_factor", "1", "--workers", "1", *extra]) == 0
+        return " ".join(caplog.text.split())
+
+    said = create(tmp_path / "guessed")
+    assert ("The corpus was read as 3 document(s) (blank lines end a document), but the line '%' stands alone on 60 "
+            "lines: if it separates documents, give --doc_separator %") in said, said
+    assert "Held out for evaluation: 1 of 3 documents" in said and "eval_fraction=0.01 asks for 1.0%" in said
+    assert "documents are held out whole, at random (and at least one)" in said
+
+    said = create(tmp_path / "separated", "--doc_separator", "%", "--eval_fraction", "0.05")
+    assert "60 documents" in said and "stands alone" not in said and "Held out for evaluation" not in said, said

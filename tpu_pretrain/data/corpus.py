@@ -17,6 +17,7 @@ import glob
 import logging
 import os
 import re
+import shlex
 import sys
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz", ".zip", ".parquet")
 _EXAMPLES_KEPT = 5
+_MARKER_LENGTH, _MARKER_KINDS, _MARKER_REPEATS = 5, 20, 3  # a separator line: its length, kinds kept, repeats
 _SKIP = object()  # a line that is dropped without ending a document
 
 # ANSI/VT100 escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ESC sequences).
@@ -69,6 +71,26 @@ class CorpusStats:
     duplicate_lines: int = 0
     max_line_length: int = 0  # the limit over-long lines broke (named in the report)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    marker_lines: dict[str, int] = field(default_factory=dict)  # short lines of symbols alone ('%', '***'): counts
+
+    def note_marker(self, line: str) -> None:
+        """Count a line that may separate documents: a few symbols, no letter or digit (bounded: a few kinds)."""
+        if len(line) <= _MARKER_LENGTH and not any(ch.isalnum() for ch in line) and (
+                line in self.marker_lines or len(self.marker_lines) < _MARKER_KINDS):
+            self.marker_lines[line] = self.marker_lines.get(line, 0) + 1
+
+    def separator_hint(self) -> str:
+        """Where a repeated marker line outnumbers the documents read (blank lines end documents): the hint of
+        ``--doc_separator`` naming it; empty otherwise."""
+        if not self.marker_lines:
+            return ""
+        marker, count = max(self.marker_lines.items(), key=lambda item: item[1])
+        if count < _MARKER_REPEATS or count <= self.documents:
+            return ""
+        return (f"The corpus was read as {self.documents} document(s) (blank lines end a document), but the line "
+                f"{marker!r} stands alone on {count} lines: if it separates documents, give --doc_separator "
+                f"{shlex.quote(marker)} (documents decide the held-out split, next-sentence pairs and document "
+                "masks).")
 
     def note(self, kind: str, where: str) -> None:
         kept = self.examples.setdefault(kind, [])
@@ -312,6 +334,8 @@ class CorpusReader:
         separator = cfg.doc_separator.strip()
         if not stripped or (separator and stripped == separator):
             return None
+        if not separator:
+            stats.note_marker(stripped)
         line = self.normalize(stripped)
         if not line:
             return _SKIP  # nothing left after normalisation: not a document boundary

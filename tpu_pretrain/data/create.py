@@ -341,6 +341,7 @@ class Dealer:
         self.eval_fraction = settings["eval_fraction"]
         self.num_eval = math.ceil(self.num_train * self.eval_fraction) if self.eval_fraction > 0 else 0
         self.counts = {"train": 0, "eval": 0}
+        self.characters = {"train": 0, "eval": 0}
         self.chooser = random.Random(settings["random_seed"] ^ 0x5EED)
 
     def deal(self, documents: Iterable[list[str]]) -> Iterator[tuple[str, int, list[str]]]:
@@ -352,6 +353,7 @@ class Dealer:
             split = "eval" if self.num_eval and held_out else "train"
             yield split, counts[split] % (self.num_eval if split == "eval" else self.num_train), doc
             counts[split] += 1
+            self.characters[split] += sum(map(len, doc))
 
     def partition(self, reader: CorpusReader, identity: dict) -> dict:
         """What was dealt: document counts, shards per split and the corpus report."""
@@ -361,7 +363,24 @@ class Dealer:
             "shard_counts": {"train": self.num_train, "eval": self.num_eval if self.counts["eval"] else 0},
             "corpus_report": reader.stats.report(),
             "rows_read": reader.rows_read,
+            "hints": [hint for hint in (reader.stats.separator_hint(), self.held_out_hint()) if hint],
         }
+
+    def held_out_hint(self) -> str:
+        """Where the held-out share of the text is far from eval_fraction (a third of it or 3 times, and 2 points
+        away): why, and what brings it closer; empty otherwise."""
+        text = sum(self.characters.values())
+        if not (self.eval_fraction and self.counts["eval"] and text):
+            return ""
+        share = self.characters["eval"] / text
+        if abs(share - self.eval_fraction) <= 0.02 or self.eval_fraction / 3 <= share <= 3 * self.eval_fraction:
+            return ""
+        documents = sum(self.counts.values())
+        return (f"Held out for evaluation: {self.counts['eval']} of {documents} documents, {share:.1%} of the text, "
+                f"where eval_fraction={self.eval_fraction} asks for {self.eval_fraction:.1%}: documents are held out "
+                f"whole, at random (and at least one), so {'few' if documents < 100 else 'uneven'} documents make the "
+                "share of text differ. More, shorter documents (blank lines or --doc_separator between them) bring "
+                "it closer; --eval_fraction sets the share.")
 
 
 def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict) -> dict:
@@ -384,4 +403,6 @@ def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict)
     partition = dealer.partition(reader, identity)
     write_json(work / "partition.json", partition)
     log.info("Corpus: %s", partition["corpus_report"])
+    for hint in partition["hints"]:
+        log.warning("%s", hint)
     return partition
