@@ -37,7 +37,7 @@ def traced_run(data_dir, output_dir, monkeypatch, **overrides):
         step[0] = last
         events.append(("dispatch", first, last))
         read = call.read
-        call.read = lambda sums: (events.append(("read", first, last)), read(sums))[1]
+        call.read = lambda pending: (events.append(("read", first, last)), read(pending))[1]
         return call
 
     trainer.dispatch = logged

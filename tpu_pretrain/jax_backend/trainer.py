@@ -69,14 +69,15 @@ def _cache_size(jitted) -> int:
 class PendingCall:
     """A dispatched call (:meth:`JaxTrainer.dispatch`): its statistics stay on the devices until read."""
 
-    read: Callable[[dict], dict]
+    read: Callable[[PendingCall], dict]
     sums: dict
     steps: int
+    last: int  # the step it ends at
     input_wait_seconds: float
     compile_seconds: float  # the dispatch's compile of the call (0: it was compiled before)
 
     def totals(self) -> dict:
-        return self.read(self.sums)
+        return self.read(self)
 
     def result(self) -> dict:
         """The call's mean metrics and its input wait; waits for the devices to finish it."""
@@ -167,7 +168,7 @@ class JaxTrainer:
         Whatever was read ahead for another position is dropped; reading ahead starts again from ``step``."""
         t, d = self.config.train, self.config.data
         self.close()
-        self.last_step = step
+        self.last_step = self._dispatched = step
         self.train_batches = TrainingBatches(self.data.train_files, t.train_batch_size, d.max_seq_length,
                                              d.max_predictions_per_seq, seed=t.train_seed,
                                              start_record=step * t.train_batch_size, masking=self._masking(),
@@ -230,7 +231,8 @@ class JaxTrainer:
         return self._train_chunk.lower(self.state, self.chunk_shapes(steps), count)
 
     # -- public API -----------------------------------------------------------------------------------
-    last_step = 0  # the step last read or dispatched: what a failure's message names once the state is unusable
+    last_step = 0  # the step last read: what a failure's message can still name once the state is unusable
+    _dispatched = 0  # the step the calls dispatched so far end at
 
     @property
     def step(self) -> int:
@@ -259,19 +261,21 @@ class JaxTrainer:
         self.state, sums = self._train_chunk(self.state, batches, count)
         compile_seconds = time.perf_counter() - tick if _cache_size(self._train_chunk) != compiled else 0.0
         if self.config.train.log_example_ids and self.is_chief:
-            self.example_ids.extend((self.last_step + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
-        self.last_step += steps
+            self.example_ids.extend((self._dispatched + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
+        self._dispatched += steps
         self._in_flight = sums
-        return PendingCall(self._read, sums, steps, prefetch.wait_seconds - waited, compile_seconds)
+        return PendingCall(self._read, sums, steps, self._dispatched, prefetch.wait_seconds - waited, compile_seconds)
 
     def _let_devices_finish(self) -> None:
         if self._in_flight is not None:
             jax.block_until_ready(self._in_flight)
 
     @spans_processes
-    def _read(self, sums: dict) -> dict:
+    def _read(self, call: PendingCall) -> dict:
         """A dispatched call's summed statistics, waiting for it (the one host sync a call costs)."""
-        return add_sums({}, fetch(sums))
+        totals = add_sums({}, fetch(call.sums))
+        self.last_step = max(self.last_step, call.last)
+        return totals
 
     def train_steps(self, steps: int) -> dict:
         """Run ``steps`` optimizer steps (calls of steps_per_execution, dispatched back to back) and return their
