@@ -17,7 +17,6 @@ import glob
 import logging
 import os
 import re
-import shlex
 import sys
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -35,7 +34,7 @@ log = logging.getLogger(__name__)
 
 CORPUS_SUFFIXES = (".txt", ".gz", ".text", ".bz2", ".xz", ".zip", ".parquet")
 _EXAMPLES_KEPT = 5
-_MARKER_LENGTH, _MARKER_KINDS, _MARKER_REPEATS = 5, 20, 3  # a separator line: its length, kinds kept, repeats
+_MARKER_LENGTH, _MARKER_KINDS = 5, 20  # a line that may separate documents: its length, the kinds counted
 _SKIP = object()  # a line that is dropped without ending a document
 
 # ANSI/VT100 escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ESC sequences).
@@ -78,19 +77,6 @@ class CorpusStats:
         if len(line) <= _MARKER_LENGTH and not any(ch.isalnum() for ch in line) and (
                 line in self.marker_lines or len(self.marker_lines) < _MARKER_KINDS):
             self.marker_lines[line] = self.marker_lines.get(line, 0) + 1
-
-    def separator_hint(self) -> str:
-        """Where a repeated marker line outnumbers the documents read (blank lines end documents): the hint of
-        ``--doc_separator`` naming it; empty otherwise."""
-        if not self.marker_lines:
-            return ""
-        marker, count = max(self.marker_lines.items(), key=lambda item: item[1])
-        if count < _MARKER_REPEATS or count <= self.documents:
-            return ""
-        return (f"The corpus was read as {self.documents} document(s) (blank lines end a document), but the line "
-                f"{marker!r} stands alone on {count} lines: if it separates documents, give --doc_separator "
-                f"{shlex.quote(marker)} (documents decide the held-out split, next-sentence pairs and document "
-                "masks).")
 
     def note(self, kind: str, where: str) -> None:
         kept = self.examples.setdefault(kind, [])

@@ -40,6 +40,7 @@ from ..runtime import sigterm_as_interrupt
 from ..storage.gcs import is_gcs_url
 from ..storage.local import check_writable_folder, write_text_atomic
 from .corpus import CorpusReader
+from .corpus_hints import held_out_hint, separator_hint
 from .corpus_tables import TableFile, table_input
 from .data_folder import (
     FORMAT,
@@ -363,25 +364,9 @@ class Dealer:
             "shard_counts": {"train": self.num_train, "eval": self.num_eval if self.counts["eval"] else 0},
             "corpus_report": reader.stats.report(),
             "rows_read": reader.rows_read,
-            "hints": [hint for hint in (reader.stats.separator_hint(), self.held_out_hint()) if hint],
+            "hints": [hint for hint in (separator_hint(reader.stats),
+                                        held_out_hint(self.counts, self.characters, self.eval_fraction)) if hint],
         }
-
-    def held_out_hint(self) -> str:
-        """Where the held-out share of the text is far from eval_fraction (a third of it or 3 times, and 2 points
-        away): why, and what brings it closer; empty otherwise."""
-        text = sum(self.characters.values())
-        if not (self.eval_fraction and self.counts["eval"] and text):
-            return ""
-        share = self.characters["eval"] / text
-        if abs(share - self.eval_fraction) <= 0.02 or self.eval_fraction / 3 <= share <= 3 * self.eval_fraction:
-            return ""
-        documents = sum(self.counts.values())
-        return (f"Held out for evaluation: {self.counts['eval']} of {documents} documents, {share:.1%} of the text, "
-                f"where eval_fraction={self.eval_fraction} asks for {self.eval_fraction:.1%}: documents are held out "
-                f"whole, at random (and at least one), so {'few' if documents < 100 else 'uneven'} documents make the "
-                "share of text differ. More, shorter documents (blank lines or --doc_separator between them) bring "
-                "it closer; --eval_fraction sets the share.")
-
 
 def _partition(reader: CorpusReader, work: Path, settings: dict, identity: dict) -> dict:
     """Pass 1: deal normalised documents into per-shard work files (one sentence a line, blank between)."""
