@@ -23,6 +23,7 @@ from .checkpoints import CheckpointManager
 from .event_log import ScalarLog
 from .metrics import eval_random_next_share, format_metrics
 from .mirror import CheckpointMirror
+from .overfit import HeldOutWatch
 from .peaks import mfu, overstated_peak
 from .protocol import Dispatched, Trainer
 from .run_folder import RunFolder
@@ -120,6 +121,7 @@ class RunSession:
         self.history: list[dict] = []
         self.stop_reason: str | None = None  # decided while a call ran: the loop stops at the next state
         self.save_asked = False  # the time cadence came due while a call ran: save at the next state
+        self.held_out = HeldOutWatch.start(trainer, manager)  # passes over the data said; the held-out loss's turn
 
     # -- a call's figures ---------------------------------------------------------------------------
     def report(self, call: Dispatched, last: int) -> None:
@@ -206,6 +208,7 @@ class RunSession:
             over = f" ({evaluation['sequences']} sequences)" if "sequences" in evaluation else ""
             log.info("%s%s: %s (in %.1f s)", label, over, format_metrics(evaluation, self.random_next_share()),
                      time.perf_counter() - tick)
+            self.held_out.seen(step, evaluation)
         self.pace.pause()
         return evaluation
 
