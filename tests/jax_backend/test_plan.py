@@ -58,11 +58,11 @@ def test_the_plan_lowers_the_function_the_trainer_calls_from_settings_alone(data
     trainer = JaxTrainer(Config.load(**trained_settings(data_dir, tmp_path / "run")))
     trainer.train_steps(2)  # one real call of steps_per_execution steps
     pulled = trainer._prefetcher().take(2, idle=lambda: None)
-    real_input = trainer._stack([batch for _, batch in pulled])
+    real_input, count = trainer._stack(tuple(batch for _, batch in pulled))
     planned_input = trainer.chunk_shapes(2)
     assert {k: (v.shape, v.dtype, v.sharding) for k, v in real_input.items()} == \
         {k: (v.shape, v.dtype, v.sharding) for k, v in planned_input.items()}
-    trained = trainer._train_chunk.lower(trainer.state, real_input).as_text()
+    trained = trainer._train_chunk.lower(trainer.state, real_input, count).as_text()
     assert trainer.lower_chunk(2).as_text() == trained
     trainer.close()
 
@@ -92,7 +92,8 @@ def test_what_does_not_fit_is_answered_with_the_largest_batch_that_does_found_by
     import jax
 
     from tpu_pretrain.jax_backend.devices import Devices
-    from tpu_pretrain.jax_backend.plan import compile_step, plan, report
+    from tpu_pretrain.jax_backend.plan import compile_step, plan
+    from tpu_pretrain.jax_backend.plan_report import report
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     settings = Config.load(**{**TINY, "train_batch_size": 512, "steps_per_execution": 1, "backend": "jax"})

@@ -102,7 +102,8 @@ def _plan(config: Config, args: argparse.Namespace) -> int:
         for name, value in (("JAX_PLATFORMS", "cpu"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
                             ("TPU_STDERR_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3")):
             os.environ.setdefault(name, value)
-    from ..jax_backend.plan import check_request, plan, report
+    from ..jax_backend.plan import check_request, plan
+    from ..jax_backend.plan_report import report
 
     check_request(tpu, args.hbm_gib)
     if args.save:

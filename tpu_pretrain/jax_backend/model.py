@@ -40,7 +40,8 @@ from ..errors import UserInputError  # noqa: E402
 from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from . import splash  # noqa: E402
-from .input import document_ids, document_positions  # noqa: E402
+from .documents import document_ids, document_positions  # noqa: E402
+from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 # How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
@@ -80,37 +81,6 @@ def activation(name: str):
     if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
         return lambda x: keras.activations.gelu(x, approximate=True)
     return keras.activations.get(name)
-
-
-class TokenEmbedding(keras.layers.Embedding):
-    """An embedding gathered from its float32 table, then cast to the compute dtype (Keras casts the table first).
-
-    The same rows either way; what changes is the gradient, a scatter-add into the table: in bfloat16 a GPU adds
-    each update with a compare-and-swap loop, serialised on the rows real text repeats, which took 270 ms of a
-    333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add.
-    """
-
-    def build(self, input_shape=None):
-        if not self.built:
-            self._embeddings = self.add_weight(shape=(self.input_dim, self.output_dim), name="embeddings",
-                                               initializer=self.embeddings_initializer, autocast=False)
-            self.built = True
-
-
-class OneHotEmbedding(keras.layers.Embedding):
-    """A small table (segments, positions) looked up as one-hot rows times the table: its gradient is a matmul
-    instead of a scatter-add of every token into a few rows (what TPU BERT has always done for such tables)."""
-
-    def call(self, inputs):
-        return one_hot_rows(ops.cast(self.embeddings, self.compute_dtype), inputs)
-
-
-def one_hot_rows(table, index):
-    """``table[index]`` as ``one_hot(index) @ table``: exact (one product per output, accumulated in float32), and
-    differentiated without a scatter. ``table`` ``[rows, width]`` or ``[batch, rows, width]`` (then ``index`` is
-    ``[batch, n]``: each batch row's own table, the MLM head's gather of the masked positions)."""
-    picks = jax.nn.one_hot(index, table.shape[-2], dtype=table.dtype)
-    return jnp.matmul(picks, table, precision=jax.lax.Precision.HIGHEST)
 
 
 class _Factory:
@@ -165,7 +135,7 @@ def say_path(what: str) -> None:
 
 def attention_mask(attend, documents=None, window: int | None = None):
     """``[batch, 1, queries or 1, keys]`` (bool): keys that are not padding, of the query's document (``documents``
-    from :func:`.input.document_ids`, None: any) and at most ``window`` positions away (None: any)."""
+    from :func:`.documents.document_ids`, None: any) and at most ``window`` positions away (None: any)."""
     mask = attend[:, None, None, :]
     if documents is not None:
         mask = mask & (documents[:, :, None] == documents[:, None, :])[:, None]

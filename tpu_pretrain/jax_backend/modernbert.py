@@ -39,7 +39,7 @@ from keras import ops  # noqa: E402
 
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
-from .input import document_ids, document_positions  # noqa: E402
+from .documents import document_ids, document_positions  # noqa: E402
 from .model import (  # noqa: E402
     Bias,
     TokenEmbedding,

@@ -134,7 +134,7 @@ def chunk_stacker(sharding, replicated, length: int) -> Callable[[tuple], tuple]
     last batch repeated past the ones given, never trained on) and the count given, a replicated int32 that the
     compiled call loops to, so every call has one shape."""
     def stack(batches):
-        padded = batches + (batches[-1],) * (length - len(batches))
+        padded = tuple(batches) + (batches[-1],) * (length - len(batches))
         return jax.tree.map(lambda *xs: jnp.stack(xs), *padded), jnp.int32(len(batches))
 
     return jax.jit(stack, out_shardings=(sharding, replicated))

@@ -17,7 +17,6 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
+from .calls import PendingCall, cache_size  # noqa: E402
 from .devices import Devices, detect_devices, fetch  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
@@ -58,30 +58,6 @@ def process_independent(paths: list[str]) -> list[str]:
         n = counts[base] = counts.get(base, -1) + 1
         names.append("/".join(filter(None, (f"{base}_{n}" if n else base, rest))))
     return names
-
-
-def _cache_size(jitted) -> int:
-    """How many compiled versions a jitted function holds: a dispatch that grew it compiled one."""
-    return jitted._cache_size()
-
-
-@dataclasses.dataclass
-class PendingCall:
-    """A dispatched call (:meth:`JaxTrainer.dispatch`): its statistics stay on the devices until read."""
-
-    read: Callable[[PendingCall], dict]
-    sums: dict
-    steps: int
-    last: int  # the step it ends at
-    input_wait_seconds: float
-    compile_seconds: float  # the dispatch's compile of the call (0: it was compiled before)
-
-    def totals(self) -> dict:
-        return self.read(self)
-
-    def result(self) -> dict:
-        """The call's mean metrics and its input wait; waits for the devices to finish it."""
-        return {**metrics_from_sums(self.totals()), "input_wait_seconds": self.input_wait_seconds}
 
 
 class JaxTrainer:
@@ -257,9 +233,9 @@ class JaxTrainer:
         waited = prefetch.wait_seconds
         pulled = prefetch.take(steps, idle=self._let_devices_finish)
         batches, count = self._stack(tuple(b for _, b in pulled))
-        compiled, tick = _cache_size(self._train_chunk), time.perf_counter()
+        compiled, tick = cache_size(self._train_chunk), time.perf_counter()
         self.state, sums = self._train_chunk(self.state, batches, count)
-        compile_seconds = time.perf_counter() - tick if _cache_size(self._train_chunk) != compiled else 0.0
+        compile_seconds = time.perf_counter() - tick if cache_size(self._train_chunk) != compiled else 0.0
         if self.config.train.log_example_ids and self.is_chief:
             self.example_ids.extend((self._dispatched + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
         self._dispatched += steps

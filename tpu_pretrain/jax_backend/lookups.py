@@ -1,0 +1,48 @@
+"""Table lookups whose gradients a GPU computes fast: :class:`TokenEmbedding` (gathered from the float32 table),
+:class:`OneHotEmbedding` and :func:`one_hot_rows` (one-hot matmuls: no scatter-add in the gradient at all).
+
+The same values as Keras's ``Embedding`` and ``take_along_axis``; what differs is the backward pass. Measured on an
+H100 (benchmarks/GPU_NOTES.md): the bfloat16 scatter-adds of BERT-base's embeddings took 270 ms of a 333 ms step.
+"""
+
+from __future__ import annotations
+
+from . import select_keras_backend
+
+select_keras_backend()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+from keras import ops  # noqa: E402
+
+
+class TokenEmbedding(keras.layers.Embedding):
+    """An embedding gathered from its float32 table, then cast to the compute dtype (Keras casts the table first).
+
+    The same rows either way; what changes is the gradient, a scatter-add into the table: in bfloat16 a GPU adds
+    each update with a compare-and-swap loop, serialised on the rows real text repeats, which took 270 ms of a
+    333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add.
+    """
+
+    def build(self, input_shape=None):
+        if not self.built:
+            self._embeddings = self.add_weight(shape=(self.input_dim, self.output_dim), name="embeddings",
+                                               initializer=self.embeddings_initializer, autocast=False)
+            self.built = True
+
+
+class OneHotEmbedding(keras.layers.Embedding):
+    """A small table (segments, positions) looked up as one-hot rows times the table: its gradient is a matmul
+    instead of a scatter-add of every token into a few rows (what TPU BERT has always done for such tables)."""
+
+    def call(self, inputs):
+        return one_hot_rows(ops.cast(self.embeddings, self.compute_dtype), inputs)
+
+
+def one_hot_rows(table, index):
+    """``table[index]`` as ``one_hot(index) @ table``: exact (one product per output, accumulated in float32), and
+    differentiated without a scatter. ``table`` ``[rows, width]`` or ``[batch, rows, width]`` (then ``index`` is
+    ``[batch, n]``: each batch row's own table, the MLM head's gather of the masked positions)."""
+    picks = jax.nn.one_hot(index, table.shape[-2], dtype=table.dtype)
+    return jnp.matmul(picks, table, precision=jax.lax.Precision.HIGHEST)
