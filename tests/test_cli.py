@@ -37,6 +37,8 @@ def test_every_help_page_renders():
     (["train", "--learning_rate", "inf"], "'learning_rate' in configuration has value inf, which is not a valid "
                                           "float (not a finite number)"),
     (["train", "--mirror_dir", "s3://bucket/run"], "'s3:' is not a supported location"),
+    (["train", "--process_index", "1"], "process_index=1 is invalid: give --coordinator_address HOST:PORT and "
+                                        "--num_processes N (2 or more) with --process_index I"),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else "")
 def test_mistakes_get_a_message_that_points_the_right_way(args, says):
     done = cli(*args)

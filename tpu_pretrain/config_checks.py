@@ -286,6 +286,9 @@ def coerce(key: str, value: Any, kind: Any, choices, source: str) -> Any:
 def _check_processes(t) -> None:
     """JAX's several processes: all three settings together, or none (one process, or what JAX finds itself)."""
     _require(t.num_processes >= 0, "num_processes", t.num_processes, "use 0 (one, or what JAX finds) or more")
+    _require(t.process_index == 0 or t.num_processes > 1, "process_index", t.process_index,
+             "give --coordinator_address HOST:PORT and --num_processes N (2 or more) with --process_index I, "
+             "together on every process (or none of them: one process, or a TPU VM pod)")
     _require(0 <= t.process_index < max(t.num_processes, 1), "process_index", t.process_index,
              f"use 0 to {max(t.num_processes, 1) - 1}: this process's place among num_processes={t.num_processes}")
     address = t.coordinator_address
