@@ -171,3 +171,19 @@ def test_several_processes_are_the_jax_backends_and_need_all_three_settings(data
                                                    "--process_index", "2")
     tensorflow = refused("--backend", "tensorflow", "--coordinator_address", "127.0.0.1:1", "--num_processes", "2")
     assert "offered by the jax backend, not tensorflow" in tensorflow
+
+
+def test_a_follower_given_another_output_dir_says_the_chief_wrote_the_run(data, tmp_path):
+    chief_run, follower_run, port = tmp_path / "chief", tmp_path / "follower", free_port()
+    started = []
+    for index, run in enumerate([chief_run, follower_run]):
+        log = open(f"{run}.log", "w+")  # noqa: SIM115 - read back by finish
+        started.append((subprocess.Popen(command(data, run, "--coordinator_address", f"127.0.0.1:{port}",
+                                                 "--num_processes", "2", "--process_index", str(index),
+                                                 "--num_train_steps", "2"),
+                                         stdout=log, stderr=subprocess.STDOUT, env=environment(1)), log))
+    chief, follower = finish(started)
+    assert f"Trained to step 2 in {chief_run}" in chief
+    assert str(follower_run) not in follower.splitlines()[-1]
+    assert "Trained to step 2 as a follower: process 0 wrote the run folder (its --output_dir)" in follower
+    assert not any(follower_run.glob("checkpoints/*"))

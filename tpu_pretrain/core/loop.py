@@ -54,9 +54,11 @@ class TrainResult:
     stopped_reason: str | None = None  # set when training stopped early (deadline, SIGTERM) to resume later
     input_wait_share: float | None = None  # of the training time, the devices waiting on input (backends that say)
     nsp_note: str = ""  # the final NSP accuracy's, when it is the majority class share
+    chief: bool = True  # whether this process wrote output_dir (a follower of several processes writes none)
 
     def summary(self) -> str:
-        parts = [f"Trained to step {self.steps} in {self.output_dir}"]
+        parts = [f"Trained to step {self.steps} in {self.output_dir}" if self.chief else
+                 f"Trained to step {self.steps} as a follower: process 0 wrote the run folder (its --output_dir)"]
         if self.history:
             parts.append(f"last train loss {self.history[-1]['loss']:.4f}")
         if self.final_eval:
@@ -85,7 +87,7 @@ def run_training(trainer: Trainer, output_dir: str, progress: bool | None = None
 def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_aside_damaged: bool) -> TrainResult:
     manager, mirror = _checkpoints(trainer, run)
     resumed = _resume(trainer, run, manager, mirror, set_aside_damaged)
-    result = TrainResult(output_dir=str(run.path), steps=trainer.step)
+    result = TrainResult(output_dir=str(run.path), steps=trainer.step, chief=trainer.is_chief)
     session = RunSession(trainer, run, manager, mirror, resumed, result.steps, progress)
     if mirror is not None:
         mirror.start(result.steps or None)
