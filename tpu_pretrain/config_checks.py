@@ -293,6 +293,8 @@ def _check_processes(t) -> None:
              f"use 0 to {max(t.num_processes, 1) - 1}: this process's place among num_processes={t.num_processes}")
     address = t.coordinator_address
     host, _, port = address.rpartition(":")
+    _require(not address or "/" not in address, "coordinator_address", address,
+             "give process 0's HOST:PORT alone, no scheme or path, e.g. 10.0.0.2:8476 (the same on every process)")
     _require(not address or (host and port.isdigit() and 0 < int(port) < 65536), "coordinator_address", address,
              "give process 0's HOST:PORT, e.g. 10.0.0.2:8476 (the same on every process)")
     _require(bool(address) == (t.num_processes > 1), "coordinator_address" if address else "num_processes",
