@@ -4,10 +4,13 @@ documents longer than the window), on the XLA and explicit paths; the setting's 
 """
 
 import importlib.util
+import json
+import subprocess
 import sys
 
 import numpy as np
 import pytest
+from fault_injection import ENV, sample_data
 
 pytest.importorskip("jax")
 if importlib.util.find_spec("tensorflow") is not None:
@@ -94,3 +97,25 @@ def test_setting_auto_and_continuity():
     assert document_masks_wanted(Config.from_kwargs(recipe="modern"), None)
     assert not document_masks_wanted(Config.from_kwargs(model_family="modernbert", no_nsp=True,
                                                         document_masks="off"), None)
+
+
+def test_masks_on_sentence_pairs_are_said_and_a_resume_that_switches_them_is_refused(tmp_path):
+    data, run = sample_data(tmp_path, max_chars=20_000, num_shards=1, workers=1), tmp_path / "run"
+
+    def train(*extra):
+        return subprocess.run([sys.executable, "-m", "tpu_pretrain", "train", "--backend", "jax", "--data_dir", data,
+                               "--output_dir", str(run), "--model_size", "L2-H128", "--train_batch_size", "8",
+                               "--eval_every_steps", "0", "--max_eval_steps", "1", "--session_hours", "-1", *extra],
+                              capture_output=True, text=True, env={**ENV, "JAX_PLATFORMS": "cpu"}, timeout=600)
+
+    done = train("--num_train_steps", "1", "--document_masks", "on")  # the modern recipe (MLM only) on NSP pairs
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("document_masks on with sentence-pair data") == 1
+    assert "its two segments never see each other" in done.stderr
+    recorded = (run / "config.json").read_text()
+    assert json.loads(recorded)["train"]["document_masks"] == "on"
+    refused = train("--num_train_steps", "2", "--document_masks", "off")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert (f"The run in {run} trained with document_masks on (its config.json), and resuming it with "
+            "--document_masks off") in refused.stderr
+    assert (run / "config.json").read_text() == recorded
