@@ -85,11 +85,22 @@ class FolderLock:
         _write_synced(self.path, os.O_CREAT | os.O_EXCL, record)
 
     def _take_over_if_stale(self) -> None:
+        if self.path.exists() and not self.path.is_file():  # never a lock this tool wrote: never taken over
+            kind = "a folder" if self.path.is_dir() else "not a file"
+            raise FolderLockedError(
+                f"The lock path {self.path} is {kind}, not a lock file: a {self.holder} takes its lock there before "
+                f"it writes the {self.folder}. Move or rename it (nothing was changed), then run again.")
         found = read_lock(self.path)
         if found is None:
             return  # released in the meantime: try again
         holder, age = found
         why = stale_reason(holder, age)
+        if why is None and not holder:
+            raise FolderLockedError(
+                f"The lock file {self.path} is unreadable: it names no holder (pid, host, start time), as a lock "
+                f"being written or one this tool did not write ({age:.0f} s old). If no {self.holder} is at work in "
+                f"this {self.folder}, delete it, or run again once it is {HEARTBEAT_SECONDS:.0f} s old (an unreadable "
+                "lock is then taken over).")
         if why is None:
             raise FolderLockedError(
                 f"Another {self.holder} holds this {self.folder}: pid {holder.get('pid')} on host "
@@ -102,8 +113,8 @@ class FolderLock:
         except FileNotFoundError:
             return
         os.unlink(self.path.with_name(f".{self.path.name}.stale-{os.getpid()}"))
-        log.warning("Took over the lock %s from pid %s on host %s: %s.", self.path, holder.get("pid"),
-                    holder.get("host"), why)
+        holder_said = f"pid {holder.get('pid')} on host {holder.get('host')}" if holder else "no holder it names"
+        log.warning("Took over the lock %s from %s: %s.", self.path, holder_said, why)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):

@@ -15,6 +15,7 @@ import pytest
 from shard_reading import read_shards
 
 from tpu_pretrain.config import Config
+from tpu_pretrain.core.run_lock import trainer_line
 from tpu_pretrain.data.create import create_pretraining_data
 from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.tfrecord import read_records
@@ -98,6 +99,33 @@ def test_two_create_data_runs_into_one_folder_the_second_is_refused_naming_the_f
                           timeout=300)
     assert done.returncode == 0 and f"Took over the lock {tmp_path / 'again' / 'create-data.lock'}" in done.stderr
     assert {p.name: p.read_bytes() for p in (tmp_path / "again").glob("*.tfrecord")} == shards
+
+
+def test_a_lock_holding_garbage_or_a_folder_at_the_lock_path_is_said_for_what_it_is(vocab, tmp_path, caplog):
+    corpus = write_sample_corpus(tmp_path / "corpus.txt", max_chars=20_000)
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "create-data.lock").write_text("not a lock\n")
+    with pytest.raises(UserInputError) as refused:
+        make(corpus, vocab, out)
+    said = str(refused.value)
+    assert f"The lock file {out / 'create-data.lock'} is unreadable: it names no holder" in said
+    assert "pid None" not in said and "1970" not in said and "If no create-data process is at work" in said
+    assert (out / "create-data.lock").read_text() == "not a lock\n"
+    (out / "create-data.lock").unlink()
+    (out / "create-data.lock").mkdir()
+    (out / "create-data.lock" / "kept.txt").write_text("mine")
+    os.utime(out / "create-data.lock", (time.time() - 3600, time.time() - 3600))  # old: never taken over either
+    with pytest.raises(UserInputError, match="is a folder, not a lock file: a create-data process takes its lock "
+                                             "there before it writes the data folder. Move or rename it"):
+        make(corpus, vocab, out)
+    assert (out / "create-data.lock" / "kept.txt").read_text() == "mine"
+    assert "(the lock path" in trainer_line(out / "create-data.lock")  # status says so of a run folder's lock
+    shutil.rmtree(out / "create-data.lock")
+    (out / "create-data.lock").write_text("{}")
+    os.utime(out / "create-data.lock", (time.time() - 60, time.time() - 60))  # unreadable and past a heartbeat
+    make(corpus, vocab, out)
+    assert f"Took over the lock {out / 'create-data.lock'} from no holder it names" in caplog.text
 
 
 def test_the_corpus_folder_is_refused_as_the_output(vocab, tmp_path):

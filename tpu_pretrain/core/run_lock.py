@@ -26,6 +26,8 @@ class RunLock(FolderLock):
 
 def trainer_line(path: str | os.PathLike) -> str:
     """``status``'s line on who trains the run now: the lock's holder (pid, host, since when), or nobody."""
+    if Path(path).exists() and not Path(path).is_file():
+        return f"trainer: none can start (the lock path {path} is not a file: move it away)"
     found = read_lock(Path(path))
     if found is None:
         return "trainer: none running"
