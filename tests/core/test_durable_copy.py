@@ -272,6 +272,37 @@ def test_a_run_never_adopts_or_prunes_another_runs_durable_copy(data_dir, tmp_pa
         fetch_run(str(mirror), tmp_path / "c")  # nor is another run's folder mixed with it
 
 
+def test_a_garbled_run_json_an_old_copy_and_a_run_folder_given_as_the_copy(data_dir, tmp_path, caplog):
+    """Issue 45, item 20: a copy's run.json that cannot be read is refused in one line with the fix; a copy written
+    before run ids (no run.json) continues its own run from a fresh folder; another run's own output_dir is no
+    durable copy."""
+    mirror, a = tmp_path / "mirror", tmp_path / "a"
+    train(settings(data_dir, a, mirror_dir=str(mirror), num_train_steps=4))
+    (mirror / "run.json").write_text('{"run_id": "4f2a", "crea')
+    with pytest.raises(UserInputError) as refused:
+        train(settings(data_dir, a, mirror_dir=str(mirror), num_train_steps=6, rewarm_steps=2))
+    said = str(refused.value)
+    assert f"The durable copy's run.json at {mirror / 'run.json'} is unreadable" in said and "\n" not in said
+    assert f"copy {a / 'run.json'} over it" in said and "Expecting" not in said and "char" not in said
+    (mirror / "run.json").unlink()  # as a copy from before run ids left it
+    caplog.set_level("INFO", logger="tpu_pretrain")
+    fresh = tmp_path / "fresh"  # a new runtime after an upgrade: an empty folder, the run's settings
+    result, _ = train(settings(data_dir, fresh, mirror_dir=str(mirror), num_train_steps=6, rewarm_steps=2))
+    assert result.steps == 6 and "Fetched checkpoint ckpt-000000004" in caplog.text
+    assert (mirror / "run.json").read_bytes() == (fresh / "run.json").read_bytes()  # the copy names its run now
+    (mirror / "run.json").unlink()
+    with pytest.raises(UserInputError) as refused:  # another run's settings: still refused
+        train(settings(data_dir, tmp_path / "seed", mirror_dir=str(mirror), num_train_steps=8, train_seed=9))
+    assert "train_seed: 0 in the run, 9 now" in str(refused.value)
+    before = files_of(a)
+    with pytest.raises(UserInputError) as refused:  # run a's own folder given as b's durable copy
+        train(settings(data_dir, tmp_path / "b", mirror_dir=str(a), num_train_steps=4))
+    said = str(refused.value)
+    assert f"--mirror_dir {a} is the output_dir of a run (its config.json names that folder as its own)" in said
+    assert f"to continue that run, train with --output_dir {a}" in said
+    assert files_of(a) == before and not saved_steps(tmp_path / "b")
+
+
 def test_a_keep_that_does_not_fit_is_refused_before_the_first_step(data_dir, tmp_path):
     with drive_in_use(tmp_path / "drive", budget=1_000_000) as double:
         with pytest.raises(CheckpointError, match=r"mirror_keep=2 needs room for 3 .* has .* free, .* room for 2\. "
