@@ -100,8 +100,10 @@ def make_trainer(config: Config) -> Trainer:
     log.info("Training backend: %s (%s).", backend, reason)
     config.train.backend = backend  # the run records the backend it was trained with
     if backend == "jax":
+        from .jax_backend.processes import join_processes
         from .jax_backend.trainer import JaxTrainer
 
+        join_processes(config)  # several processes meet, join JAX's runtime and agree on the settings, or are refused
         return JaxTrainer(config)
     if workers is not None:
         wait_for_workers(workers, config.train.worker_wait_minutes * 60)

@@ -11,16 +11,21 @@ The same command on every host resumes from the newest complete checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import os
 import socket
 import time
+from typing import Any
 
 import jax
 
 from ..errors import ProcessLost, UserInputError
 from ..runtime import in_colab, in_kaggle, tpu_vm_present
+from ..settings import TRAIN
+from .rendezvous import meet
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,11 @@ HEARTBEAT_TIMEOUT_SECONDS = 60  # JAX's default is 100: a lost host stops the ot
 ROLL_CALL_SECONDS = 10.0  # how long a survivor waits for the others to answer before naming those that did not
 _ROLL_CALL = "tpu_pretrain/roll_call/"
 _HOSTS = "tpu_pretrain/host/"
+_SETTINGS = "tpu_pretrain/settings/"
+# train's settings that may differ between processes: which process this is, how it waits and what it reports.
+_PER_PROCESS = {"process_index", "coordinator_address", "worker_wait_minutes", "tpu_name", "accelerator",
+                "worker_hosts", "task_index", "peak_tflops", "log_example_ids"}
+JOIN_SECONDS = 120  # JAX's runtime joining, and the settings compared, once every process has met
 # What a collective says when a process it spans is gone (gloo on CPUs; gRPC and the coordination service).
 _LOST_SIGNS = ("connection reset", "connection closed", "connection refused", "socket closed", "broken pipe",
                "unavailable", "deadline_exceeded", "heartbeat", "gloo")
@@ -38,12 +48,30 @@ def is_chief() -> bool:
     return jax.process_index() == 0
 
 
-def start_processes(coordinator_address: str = "", num_processes: int = 0, process_index: int = 0) -> int:
+def join_processes(config) -> int:
+    """:func:`start_processes` with a run's settings: its wait (``--worker_wait_minutes``) and what must agree."""
+    t = config.train
+    return start_processes(t.coordinator_address, t.num_processes, t.process_index, t.worker_wait_minutes,
+                           settings_to_agree(config))
+
+
+def settings_to_agree(config) -> dict[str, Any]:
+    """train's settings of the data, the model and the training, and ``--data_dir``: the same on every process
+    (not those that say which process this is, how long it waits, or what it reports)."""
+    values = {f.name: getattr(section, f.name) for section in (config.data, config.model, config.train)
+              for f in dataclasses.fields(section) if TRAIN in f.metadata["steps"] and f.name not in _PER_PROCESS}
+    return {**values, "data_dir": config.storage.data_dir}
+
+
+def start_processes(coordinator_address: str = "", num_processes: int = 0, process_index: int = 0,
+                    wait_minutes: float = 10.0, settings: dict[str, Any] | None = None) -> int:
     """Join JAX's multi-process runtime where asked (before any other use of JAX); the number of processes.
 
-    Given the three settings: those processes (on CPU with gloo collectives, as the tests run them). Not given:
+    Given the three settings: those processes (on CPU with gloo collectives, as the tests run them), after they
+    have met at the coordinator's address in plain Python (:mod:`.rendezvous`, up to ``wait_minutes``). Not given:
     ``jax.distributed.initialize()`` finds its peers by itself on a TPU VM (not Colab's or Kaggle's, which have one
     host) and wherever ``JAX_COORDINATOR_ADDRESS`` is set; else one process. ``num_processes`` 1: this one alone.
+    ``settings`` (flag -> value): what every process must have been given alike, compared once they have joined.
     """
     if jax.distributed.is_initialized():
         return jax.process_count()
@@ -52,11 +80,14 @@ def start_processes(coordinator_address: str = "", num_processes: int = 0, proce
     if num_processes <= 1 and not auto:
         return 1
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices' collectives; others' ignore it
+    if not auto:
+        meet(coordinator_address, num_processes, process_index, wait_minutes)
     try:
         if auto:
             jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
-        else:
+        else:  # every process has come: JAX's runtime starts in seconds
             jax.distributed.initialize(coordinator_address, num_processes, process_index,
+                                       initialization_timeout=JOIN_SECONDS,
                                        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
     except (RuntimeError, ValueError) as exc:
         given = (f"--coordinator_address {coordinator_address} --num_processes {num_processes} --process_index "
@@ -68,7 +99,35 @@ def start_processes(coordinator_address: str = "", num_processes: int = 0, proce
     log.info("JAX process %d of %d (%s). If one process stops, every process stops within %d s; the same command "
              "on every host resumes.", jax.process_index(), jax.process_count(),
              "the chief: writes the run folder" if is_chief() else "follows process 0", HEARTBEAT_TIMEOUT_SECONDS)
+    if settings is not None:
+        compare_settings(settings)
     return jax.process_count()
+
+
+def compare_settings(settings: dict[str, Any]) -> None:
+    """Refuse, on every process, settings that differ from process 0's: each process trains the one global batch
+    with the one model, and a process given another batch size, step count, data or model would train another run
+    silently (or stop at a collective the others never reach)."""
+    me, count, client = jax.process_index(), jax.process_count(), _client()
+    mine = json.dumps(settings, sort_keys=True, default=str)
+    client.key_value_set(f"{_SETTINGS}{me}", mine)
+    timeout_ms = int(JOIN_SECONDS * 1000)
+    try:
+        given = {i: json.loads(client.blocking_key_value_get(f"{_SETTINGS}{i}", timeout_ms) if i != me else mine)
+                 for i in (range(count) if me == 0 else (0, me))}
+    except Exception as exc:  # noqa: BLE001 - a process that stopped before it said its settings
+        raise UserInputError(f"Process {me} of {count}: the other processes did not say their settings within "
+                             f"{JOIN_SECONDS:.0f} s ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}):"
+                             " see their logs, then start the same command on every process again.") from None
+    differ = [f"process {i} was given {_flags(given[i], given[0])}, process 0 {_flags(given[0], given[i])}"
+              for i in sorted(given) if i and given[i] != given[0]]
+    if differ:
+        raise UserInputError(f"Process {me} of {count} refuses to train: {'; '.join(differ)}. Every process must be "
+                             "given the same settings (only --process_index differs): start the same command on each.")
+
+
+def _flags(these: dict[str, Any], others: dict[str, Any]) -> str:
+    return " ".join(f"--{k} {these.get(k)}" for k in sorted(set(these) | set(others)) if these.get(k) != others.get(k))
 
 
 def _client():
