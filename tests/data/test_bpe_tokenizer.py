@@ -162,6 +162,15 @@ def test_a_model_folder_is_a_vocab_file_and_a_lost_tokenizer_json_is_named(made,
     assert plan.vocab.setting == str(made / "model") and plan.vocab.source == made / "model" / "tokenizer.json"
 
 
+def test_an_upper_case_json_suffix_is_a_tokenizer_json_not_a_wordpiece_vocab(made, tmp_path):
+    from tpu_pretrain.data.vocab import Vocab
+
+    shutil.copyfile(made / "model" / "tokenizer.json", tmp_path / "tokenizer.JSON")
+    vocab = Vocab.read(str(tmp_path / "tokenizer.JSON"))
+    assert vocab.is_tokenizer_json and vocab.copy_name == "tokenizer.json"
+    assert vocab.tokens == Vocab.read(str(made / "model" / "tokenizer.json")).tokens
+
+
 def test_a_modernbert_run_continued_as_bert_is_refused_for_its_family(made, tmp_path):
     """Issue 37, item 16: the refusal names the change of family, not the tokenizer.json BERT cannot take."""
     from numpy_trainer import NumpyTrainer

@@ -25,9 +25,9 @@ WORD_START_MARKERS = ("Ġ", "▁")  # byte-level BPE's encoded space, SentencePi
 
 
 def is_tokenizer_json(path: str | os.PathLike) -> bool:
-    """Whether a vocab_file setting names a tokenizer.json (any ``.json`` file, or a folder holding one)."""
+    """Whether a vocab_file setting names a tokenizer.json (any ``.json`` file, ``.JSON`` too, or a folder with one)."""
     path = Path(path)
-    return path.suffix == ".json" if not path.is_dir() else (path / TOKENIZER_JSON).is_file()
+    return path.suffix.lower() == ".json" if not path.is_dir() else (path / TOKENIZER_JSON).is_file()
 
 
 def tokenizer_json_file(path: str | os.PathLike) -> Path:
