@@ -11,8 +11,10 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -201,6 +203,32 @@ def test_an_accelerator_check_out_of_memory_says_what_to_change():
     assert "tpu-pretrain plan" in said
     other = failure("ValueError: something else", "L12-H768", 128)
     assert other == "Accelerator check FAILED: ValueError: something else"
+
+
+def test_an_accelerator_check_killed_for_memory_says_so_and_what_to_lower(tmp_path):
+    """Issue 45, item 22: the check's child killed by SIGKILL (as the out-of-memory killer does on a CPU with the
+    defaults) is said to be the memory, with the settings to lower; one stopped by --timeout is said to be that."""
+    import psutil
+
+    command = [sys.executable, "-m", "tpu_pretrain", "tpu-check", "--backend", "jax", "--model_size", "L2-H128",
+               "--train_batch_size", "8"]
+    check = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    deadline = time.time() + 120
+    while not psutil.Process(check.pid).children() and time.time() < deadline:
+        time.sleep(0.05)
+    for child in psutil.Process(check.pid).children():
+        child.send_signal(signal.SIGKILL)  # what the out-of-memory killer sends
+    said = " ".join(check.communicate(timeout=120)[0].split())
+    assert check.returncode == 1 and "Traceback" not in said
+    assert "Accelerator check FAILED: the check was killed (SIGKILL) after" in said
+    assert "most likely by the out-of-memory killer" in said
+    assert "L2-H128 at batch 8 most likely does not fit this machine's memory: pass a smaller --model_size" in said
+    assert "--train_batch_size" in said and "status -9 before reporting" not in said
+    done = subprocess.run([*command, "--timeout", "1"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    said = " ".join(done.stdout.split())
+    assert "the check ran past --timeout 1 s and was stopped (raise --timeout" in said and "does not fit" not in said
 
 
 SIZE = re.compile(r"(-?[\d.,]+) (?:B|KiB|MiB|GiB|TiB)\b")

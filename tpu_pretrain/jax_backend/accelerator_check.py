@@ -29,11 +29,13 @@ def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", t
     with tempfile.TemporaryDirectory(prefix="accelerator-check-") as folder:
         command = [sys.executable, "-m", __name__, folder, "--model_size", model_size, "--batch", str(batch),
                    "--steps", str(steps)]
+        started = time.monotonic()
         status, _ = stream(command, echo=lambda line: print("  " + line, end="", flush=True), timeout=timeout)
+        seconds = time.monotonic() - started
         result_file = Path(folder, RESULT)
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
     if status != 0 or not result.get("restored"):
-        reason = result.get("error") or f"the check ended with status {status} before reporting"
+        reason = result.get("error") or ended(status, seconds, timeout)
         print(failure(reason, model_size, batch), flush=True)
         return 1
     print(verdict(result), flush=True)
@@ -45,11 +47,24 @@ def check_accelerator(model_size: str, batch: int, steps: int, save: str = "", t
     return 0
 
 
+def ended(status: int, seconds: float, timeout: float) -> str:
+    """Why a check that wrote no result ended: past ``--timeout``, killed (SIGKILL: the out-of-memory killer, as a
+    rule), or its exit status."""
+    if status == -9 and timeout and seconds >= timeout - 1:
+        return f"the check ran past --timeout {timeout:.0f} s and was stopped (raise --timeout to give it longer)"
+    if status in (-9, 137):
+        return (f"the check was killed (SIGKILL) after {seconds:.0f} s before reporting: most likely by the "
+                "out-of-memory killer, which ends a process that outgrows this machine's memory")
+    return f"the check ended with status {status} before reporting"
+
+
 def failure(reason: str, model_size: str, batch: int) -> str:
     """The failed check's line; a model and batch that do not fit the device say what to change."""
     line = f"Accelerator check FAILED: {reason}"
-    if re.search(r"RESOURCE_EXHAUSTED|out of memory", reason, re.IGNORECASE):
-        line += (f" -- {model_size} at batch {batch} does not fit this device's memory: pass a smaller --model_size "
+    if re.search(r"RESOURCE_EXHAUSTED|out[ -]of[ -]memory", reason, re.IGNORECASE):
+        fit = "most likely does not fit this machine's memory" if "(SIGKILL)" in reason else \
+            "does not fit this device's memory"
+        line += (f" -- {model_size} at batch {batch} {fit}: pass a smaller --model_size "
                  "(e.g. L2-H128) or --train_batch_size (on a CPU: the check only proves the path works), or find what "
                  "fits a TPU first with `tpu-pretrain plan`.")
     return line
