@@ -106,20 +106,23 @@ def _run_locked(trainer: Trainer, run: RunFolder, progress: bool | None, set_asi
 
 def _train(trainer: Trainer, session: RunSession, step: int) -> str | None:
     """Train from ``step``: each call is dispatched before the last one's figures are read, so the devices never
-    wait on the host's bookkeeping; where a step's state is needed, the loop reads the last call and does the
-    boundary's work with nothing in flight. Returns why training stopped early (None: it reached the end)."""
+    wait on the host's bookkeeping; where a step's state is needed (an eval or save due, a stop, the end), the loop
+    reads the last call and does the boundary's work with nothing in flight. Returns why training stopped early
+    (None: it reached the end)."""
     total, in_flight = session.train.num_train_steps, None
     while step < total:
-        call = trainer.dispatch(_next_boundary(trainer, step) - step)
-        if in_flight is not None:
-            session.report(*in_flight)  # the last call's figures, read while this one runs
-        in_flight, step = (call, step + call.steps), step + call.steps
-        if session.needs_state(step):
-            session.report(*in_flight)
-            in_flight = None
-            stopped = session.at_state(step)
-            if stopped:
-                return stopped
+        if in_flight is None or not session.wants_state():
+            call = trainer.dispatch(_next_boundary(trainer, step) - step)
+            if in_flight is not None:
+                session.report(*in_flight)  # the last call's figures, read while this one runs
+            in_flight, step = (call, step + call.steps), step + call.steps
+            if not session.needs_state(step):
+                continue
+        session.report(*in_flight)
+        in_flight = None
+        stopped = session.at_state(step)
+        if stopped:
+            return stopped
     return None
 
 

@@ -119,14 +119,14 @@ class RunSession:
         shown = sys.stdout.isatty() and trainer.is_chief if progress is None else progress
         self.bar = TerminalProgress(t.num_train_steps, step, disable=not shown)
         self.history: list[dict] = []
-        self.stop_reason: str | None = None  # decided while a call ran: the loop stops at the next state
-        self.save_asked = False  # the time cadence came due while a call ran: save at the next state
+        self.stop_reason: str | None = None  # decided while a call ran: the loop stops at the step it ends at
+        self.save_asked = False  # the time cadence came due while a call ran: save at the step it ends at
+        self.last_seconds = 0.0  # the last call's time, from the reading of the one before
         self.held_out = HeldOutWatch.start(trainer, manager)  # passes over the data said; the held-out loss's turn
 
     # -- a call's figures ---------------------------------------------------------------------------
     def report(self, call: Dispatched, last: int) -> None:
-        """Read the call that ended at step ``last`` (it waits for it), check it, log it and decide, with every
-        process, whether to stop or save when the state is next at hand."""
+        """Read the call that ended at step ``last`` (it waits for it), check it and log it."""
         t, trainer = self.train, self.trainer
         metrics = call.result()
         _check_finite(trainer, self.manager, metrics, last - call.steps, last)
@@ -151,12 +151,20 @@ class RunSession:
             log.info("%s", progress_line(last, t.num_train_steps, metrics, self.saved_note()))
         if self.mirror is not None:
             self.mirror.retry_if_failed()  # a mirror that recovered catches up before the next save
-        wanted = self.stop_reason or self.guard.should_stop(next_chunk_seconds=seconds)
+        self.last_seconds = seconds
+
+    # -- the state at a boundary ---------------------------------------------------------------------
+    def wants_state(self) -> bool:
+        """Asked before each dispatch while a call runs (by every process at the same point): whether the session
+        must stop, or a save by time is due, at the step that call ends at. The deadline counts the call in
+        flight and one more."""
+        trainer = self.trainer
+        wanted = self.stop_reason or self.guard.should_stop(next_chunk_seconds=2 * self.last_seconds)
         if trainer.any_worker(wanted is not None):  # several machines stop together
             self.stop_reason = wanted or "another worker is stopping"
         self.save_asked = self.save_asked or self.cadence.due_by_time(trainer)
+        return self.stop_reason is not None or self.save_asked
 
-    # -- the state at a boundary ---------------------------------------------------------------------
     def needs_state(self, step: int) -> bool:
         """Whether ``step`` must be reached with nothing in flight: an eval or a save is due, or the run stops."""
         t = self.train
