@@ -176,7 +176,7 @@ class RunSession:
         t, total, trainer = self.train, self.train.num_train_steps, self.trainer
         if t.eval_every_steps and step % t.eval_every_steps == 0 and step < total:
             self.evaluate(step, f"Eval at step {step}")
-        stop_reason = self.stop_reason
+        stop_reason = self.stop_reason or self.guard.should_stop(next_chunk_seconds=self.last_seconds)
         save = self.save_asked or self.cadence.due_by_steps(step) or step == total
         if save and stop_reason is None and self.mirror is not None and step < total:
             stop_reason = self.mirror.check_before_save(step)  # the durable copy is too far behind
