@@ -10,9 +10,11 @@ from collections.abc import Callable
 from ..core.metrics import metrics_from_sums
 
 
-def cache_size(jitted) -> int:
-    """How many compiled versions a jitted function holds: a dispatch that grew it compiled one."""
-    return jitted._cache_size()
+def cache_size(jitted) -> int | None:
+    """How many compiled versions a jitted function holds: a dispatch that grew it compiled one (None where this
+    JAX does not say; the trainer then counts its first call as the compile)."""
+    count = getattr(jitted, "_cache_size", None)
+    return count() if callable(count) else None
 
 
 @dataclasses.dataclass

@@ -67,6 +67,7 @@ class JaxTrainer:
     _prefetch: BatchPrefetcher | None = None
     _stack = None
     _in_flight = None  # the statistics of the call dispatched last
+    _compiled_once = False  # whether a call was dispatched (where JAX does not count its compiled versions)
 
     def __init__(self, config: Config, devices: Devices | None = None, plan: RunPlan | None = None):
         self.plan = plan or RunPlan.resolve(config)
@@ -235,7 +236,9 @@ class JaxTrainer:
         batches, count = self._stack(tuple(b for _, b in pulled))
         compiled, tick = cache_size(self._train_chunk), time.perf_counter()
         self.state, sums = self._train_chunk(self.state, batches, count)
-        compile_seconds = time.perf_counter() - tick if cache_size(self._train_chunk) != compiled else 0.0
+        grew = compiled is None and not self._compiled_once or cache_size(self._train_chunk) != compiled
+        compile_seconds = time.perf_counter() - tick if grew else 0.0
+        self._compiled_once = True
         if self.config.train.log_example_ids and self.is_chief:
             self.example_ids.extend((self._dispatched + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
         self._dispatched += steps
