@@ -249,3 +249,13 @@ def test_a_corpus_file_with_brackets_in_its_name_is_read(tmp_path):
     done = vocab_cli("--input", tmp_path / "corpus[2].txt", "--vocab_size", "600", "--output_dir", tmp_path / "two")
     assert done.returncode == 2 and "matches no file" in done.stderr, done.stderr
     assert f"write '{tmp_path}/corpus[[]2].txt'" in done.stderr and not (tmp_path / "two").exists()
+
+
+def test_a_vocab_of_characters_alone_claims_no_rare_pieces():
+    """Issue 44, item 7: Chinese text can give no SentencePiece piece beyond its characters; the warning then
+    speaks of the placeholders alone, not of "0 of the 0 pieces"."""
+    from tpu_pretrain.data.vocab import VocabResult
+
+    text = VocabResult("v/vocab.txt", 6000, 300, 2582, 0, 3418, "300 lines", padding=3318).summary()
+    assert "0 of the 0 pieces" not in text and "3318 of the 6000 tokens are extra [unusedN] placeholders" in text
+    assert "Use --vocab_size 2682 (the characters and tokens the sample gives)" in text

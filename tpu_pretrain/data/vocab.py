@@ -147,14 +147,16 @@ class VocabResult:
             f"from a sample of {self.sample_lines} lines.\nCorpus: {self.corpus_report}"
         )
         if self.padding or self.rare_pieces > self.pieces // 4:
-            padded = (f"; and {self.padding} of the {self.vocab_size} tokens are extra [unusedN] placeholders the "
-                      "model never sees, as the sample yielded no more pieces" if self.padding else "")
-            text += (
-                f"\nwarning: {self.rare_pieces} of the {self.pieces} pieces occur fewer than {MIN_USES} times in the "
-                f"tokenised sample, too few to learn them from{padded}. Use --vocab_size "
-                f"{self.vocab_size - self.padding - self.rare_pieces} (keeps the pieces seen at least {MIN_USES} "
-                "times), or give more text (more --input, a larger --vocab_sample_lines)."
-            )
+            said = [f"{self.rare_pieces} of the {self.pieces} pieces occur fewer than {MIN_USES} times in the "
+                    "tokenised sample, too few to learn them from"] if self.pieces else []  # none: nothing to count
+            if self.padding:
+                said.append(f"{self.padding} of the {self.vocab_size} tokens are extra [unusedN] placeholders the "
+                            "model never sees, as the sample yielded no more pieces")
+            keeps = (f"keeps the pieces seen at least {MIN_USES} times" if self.pieces else
+                     "the characters and tokens the sample gives")
+            advised = self.vocab_size - self.padding - self.rare_pieces
+            text += (f"\nwarning: {'; and '.join(said)}. Use --vocab_size {advised} ({keeps}), or give more text "
+                     "(more --input, a larger --vocab_sample_lines).")
         return text
 
 
