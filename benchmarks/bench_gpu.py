@@ -238,25 +238,19 @@ def phase_modernbert_jax(args, run: Runner, until: float) -> dict:
 def modernbert_jax(args) -> dict:
     """The JAX trainer's ModernBERT step, built as bench_train_jax.py builds BERT's, on ``args.data``."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
+    from bench_train_jax import time_training
+
     from tpu_pretrain.config import Config
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     with tempfile.TemporaryDirectory() as folder:
         config = Config.load(data_dir=str(args.data), output_dir=folder, backend="jax", model_family="modernbert",
                              model_size=args.mb_size, max_position_embeddings=POSITIONS,
                              train_batch_size=args.mb_batch, num_train_steps=100_000, num_warmup_steps=100,
                              steps_per_execution=args.mb_steps_per_execution)
-        start = time.perf_counter()
-        trainer = JaxTrainer(config)
-        trainer.train_steps(args.mb_steps_per_execution)
-        first = time.perf_counter() - start
-        trainer.train_steps(args.mb_steps_per_execution)
-        start = time.perf_counter()
-        wait = trainer.train_steps(args.mb_steps)["input_wait_share"]
-        rate = args.mb_steps * args.mb_batch / (time.perf_counter() - start)
-        trainer.close()
-    d = trainer.devices
-    return {"rate": rate, "first_s": first, "input_wait_share": wait, "device": d.describe(),
+        timed = time_training(config, args.mb_steps)
+    trainer = timed["trainer"]
+    return {"rate": timed["rate"], "first_s": timed["first"], "input_wait_share": timed["wait"],
+            "device": trainer.devices.describe(),
             "document_masks": getattr(trainer.model, "document_separator", None) is not None}
 
 
@@ -264,7 +258,7 @@ def modernbert_hf(args) -> dict:
     """transformers' ModernBertForMaskedLM at the same shape, trained as bench_train_torch_peer.py trains BERT."""
     import torch
     import transformers
-    from bench_train_torch_peer import make_optimizer
+    from bench_train_torch_peer import make_optimizer, time_steps
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -285,24 +279,8 @@ def modernbert_hf(args) -> dict:
         batches.append({"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
                         "labels": labels.to(device)})
 
-    def step(inputs):
-        with autocast:
-            loss = model(**inputs).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    start = time.perf_counter()
-    float(step(batches[0]))
-    first = time.perf_counter() - start
-    float(step(batches[1]))
-    start = time.perf_counter()
-    for i in range(args.mb_steps):
-        loss = step(batches[i % 2])
-    float(loss)  # waits for the device
-    rate = args.mb_steps * args.mb_batch / (time.perf_counter() - start)
+    timed = time_steps(torch, model, model, optimizer, autocast, batches, args.mb_steps)
+    rate, first = args.mb_steps * args.mb_batch / timed["seconds"], timed["first"]
     return {"rate": rate, "first_s": first, "attention": model.config._attn_implementation, "optimizer": note,
             "precision": "bfloat16 autocast" if bf16 else "float32", "transformers": transformers.__version__,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,

@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -37,17 +36,10 @@ def settings(args, folder: str, output_dir: str, steps: int) -> Config:
 
 def step_rate(args, folder: str) -> float:
     """Sequences/s of the trainer's calls alone, dispatched back to back after two warm-up calls."""
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+    from bench_train_jax import time_training
 
-    trainer = JaxTrainer(settings(args, folder, os.path.join(folder, "step"), 100_000))
-    trainer.start_input(0)
-    trainer.train_steps(2 * args.steps_per_execution)
     steps = max(args.steps) // args.steps_per_execution * args.steps_per_execution
-    start = time.perf_counter()
-    trainer.train_steps(steps)
-    seconds = time.perf_counter() - start
-    trainer.close()
-    return steps * args.batch / seconds
+    return time_training(settings(args, folder, os.path.join(folder, "step"), 100_000), steps)["rate"]
 
 
 def main() -> None:

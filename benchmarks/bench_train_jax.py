@@ -57,6 +57,24 @@ def measured_peak(dtype: str, square: int, shapes: list[tuple[int, int, int]], s
     return max(matmul_rate(dtype, *shape, seconds / len(readings)) for shape in readings)
 
 
+def time_training(config: Config, steps: int) -> dict:
+    """The JAX trainer of ``config`` timed: two warm-up calls (the first, which compiles, timed as ``first`` with the
+    build), then ``steps`` steps: sequences/s (``rate``), the share of them the devices waited on input (``wait``),
+    and the trainer, its input closed (the other benchmarks time their steps the same way through this)."""
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    start = time.perf_counter()
+    trainer = JaxTrainer(config)
+    trainer.train_steps(trainer.steps_per_execution)
+    first = time.perf_counter() - start
+    trainer.train_steps(trainer.steps_per_execution)
+    start = time.perf_counter()
+    wait = trainer.train_steps(steps)["input_wait_share"]
+    rate = steps * config.train.train_batch_size / (time.perf_counter() - start)
+    trainer.close()
+    return {"rate": rate, "first": first, "wait": wait, "trainer": trainer}
+
+
 def input_rate(trainer, batches: int) -> float:
     """Sequences/s the input pipeline delivers alone (reading, decoding, batching; the trainer's own input is
     read by its prefetch thread, so this opens another)."""
@@ -94,8 +112,6 @@ def main() -> None:
                                      "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2},
                       what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, a 512^3 matmul reading")
 
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
-
     cfg = bert_config_for_size(args.model_size, args.vocab)
     flops = training_flops_per_sequence(cfg, args.seq, args.pred)
     with tempfile.TemporaryDirectory() as folder:
@@ -104,15 +120,8 @@ def main() -> None:
                              train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
                              mixed_precision=args.precision, steps_per_execution=args.steps_per_execution,
                              hidden_dropout_prob=args.dropout)
-        start = time.perf_counter()
-        trainer = JaxTrainer(config)
-        trainer.train_steps(args.steps_per_execution)
-        first = time.perf_counter() - start
-        trainer.train_steps(args.steps_per_execution)
-        start = time.perf_counter()
-        wait = trainer.train_steps(args.steps)["input_wait_share"]
-        rate = args.steps * args.batch / (time.perf_counter() - start)
-        trainer.close()
+        timed = time_training(config, args.steps)
+        trainer, rate, first, wait = timed["trainer"], timed["rate"], timed["first"], timed["wait"]
         feed = input_rate(trainer, max(4, args.steps))
     devices = trainer.devices
     dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"

@@ -93,9 +93,16 @@ def run(torch, args, cfg, device, precision: str, batch: int, mode: str) -> dict
     optimizer, optimizer_note = make_optimizer(torch, model.parameters(), device)
     forward = torch.compile(model, backend=args.compile_backend) if mode == "compile" else model
     batches = torch_batches(torch, device, batch, args.seq, args.pred, cfg.vocab_size)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+    timed = time_steps(torch, model, forward, optimizer, autocast, batches, args.steps)
+    return {"rate": args.steps * batch / timed["seconds"], "first": timed["first"], "optimizer": optimizer_note,
+            "losses": timed["losses"]}
 
+
+def time_steps(torch, model, forward, optimizer, autocast, batches: list[dict], steps: int) -> dict:
+    """Training steps as PyTorch users write them (the loss under ``autocast``, backward, clipping at 1.0, the
+    optimizer's step) timed: the first call's seconds (``first``: compiling, under ``torch.compile``), then ``steps``
+    steps (``seconds``) after a second, untimed one; the first and last losses."""
     def step(inputs):
         with autocast:
             loss = forward(**inputs).loss
@@ -108,15 +115,12 @@ def run(torch, args, cfg, device, precision: str, batch: int, mode: str) -> dict
     start = time.perf_counter()
     first_loss = float(step(batches[0]))
     first = time.perf_counter() - start
-    step(batches[1])
-    sync()
+    float(step(batches[1]))  # waits for the device
     start = time.perf_counter()
-    for i in range(args.steps):
+    for i in range(steps):
         loss = step(batches[i % len(batches)])
     last_loss = float(loss)  # waits for the device
-    seconds = time.perf_counter() - start
-    return {"rate": args.steps * batch / seconds, "first": first, "optimizer": optimizer_note,
-            "losses": (first_loss, last_loss)}
+    return {"first": first, "seconds": time.perf_counter() - start, "losses": (first_loss, last_loss)}
 
 
 def main() -> None:
