@@ -166,10 +166,11 @@ class RunSession:
         return self.stop_reason is not None or self.save_asked
 
     def needs_state(self, step: int) -> bool:
-        """Whether ``step`` must be reached with nothing in flight: an eval or a save is due, or the run stops."""
+        """Whether ``step`` must be reached with nothing in flight: an eval or a save is due by steps, or the run
+        ends there (a stop or a save by time is :meth:`wants_state`'s)."""
         t = self.train
-        return (step >= t.num_train_steps or self.stop_reason is not None or self.save_asked
-                or self.cadence.due_by_steps(step) or bool(t.eval_every_steps and step % t.eval_every_steps == 0))
+        return (step >= t.num_train_steps or self.cadence.due_by_steps(step)
+                or bool(t.eval_every_steps and step % t.eval_every_steps == 0))
 
     def at_state(self, step: int) -> str | None:
         """Evaluate and save as ``step`` calls for; save and return the reason when training must stop."""

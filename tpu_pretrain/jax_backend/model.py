@@ -168,9 +168,9 @@ def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=
     """
     padding_only = documents is None and window is None
     if path == "cudnn" or (path == "auto" and cudnn_applies(q.dtype, q.shape[-1])):
-        lengths = jnp.maximum(jnp.sum(attend, axis=1, dtype=jnp.int32), 1)
         try:
             if padding_only:
+                lengths = jnp.maximum(jnp.sum(attend, axis=1, dtype=jnp.int32), 1)
                 return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
             say_path("cuDNN's fused kernel under the document/window mask")
             return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(attend, documents, window),
