@@ -196,7 +196,7 @@ def test_the_advice_keeps_pieces_seen_several_times_and_is_then_silent(tmp_path)
     out = " ".join(done.stdout.split())
     tokens = load_vocab(tmp_path / "vocab.txt")
     padding = sum(t.startswith("[unused") for t in tokens) - 100
-    assert padding > 15000 and f"and {padding} of the 20000 tokens are extra [unusedN] placeholders" in out
+    assert padding > 15000 and f"and the {padding} extra [unusedN] are placeholders the model never sees" in out
     pieces = int(re.search(r"\+ (\d+) SentencePiece pieces", out)[1])
     tokenizer = load_tokenizer(str(tmp_path / "vocab.txt"))
     uses = collections.Counter(t for line in _sample_lines(corpus) for t in tokenizer.tokenize(line))
@@ -257,5 +257,33 @@ def test_a_vocab_of_characters_alone_claims_no_rare_pieces():
     from tpu_pretrain.data.vocab import VocabResult
 
     text = VocabResult("v/vocab.txt", 6000, 300, 2582, 0, 3418, "300 lines", padding=3318).summary()
-    assert "0 of the 0 pieces" not in text and "3318 of the 6000 tokens are extra [unusedN] placeholders" in text
+    assert "0 of the 0 pieces" not in text and "the 3318 extra [unusedN] are placeholders" in text
     assert "Use --vocab_size 2682 (the characters and tokens the sample gives)" in text
+
+
+def test_the_placeholder_counts_agree_between_the_first_line_and_the_warning(tmp_path):
+    """Issue 44, item 7: a Chinese corpus (every character a word, so no piece beyond the characters) padded with
+    placeholders: the first line counted 3,418 [unusedN] and the warning then spoke of 3,318. Now the first line
+    counts the placeholders asked for and the extra ones apart, and the warning repeats the extra ones' number,
+    each as vocab.txt holds them."""
+    import random
+    import re
+
+    rng = random.Random(0)
+    characters = [chr(0x4E00 + i) for i in range(1500)]
+    corpus = tmp_path / "poems.txt"
+    corpus.write_text("".join("".join(rng.choice(characters) for _ in range(40)) + "\n" for _ in range(300)),
+                      encoding="utf-8")
+    done = vocab_cli("--input", corpus, "--vocab_size", "3000", "--output_dir", tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    tokens = load_vocab(tmp_path / "vocab.txt")
+    placeholders = [i for i, t in enumerate(tokens) if t.startswith("[unused")]
+    extra = [i for i in placeholders if i > len(SPECIAL_TOKENS) + 100]  # after the characters: added for want of pieces
+    assert len(placeholders) - len(extra) == 100 and len(extra) > 1000
+    first = re.search(r"= 5 special \+ (\d+) \[unusedN\] \+ (\d+) characters \+ 0 SentencePiece pieces "
+                      r"\+ (\d+) extra \[unusedN\],", out)
+    assert first and (int(first[1]), int(first[3])) == (100, len(extra)), out
+    assert 5 + int(first[1]) + int(first[2]) + int(first[3]) == len(tokens) == 3000
+    assert re.findall(r"(\d+) extra \[unusedN\]", out) == [str(len(extra))] * 2, out  # one number, said twice
+    assert f"Use --vocab_size {3000 - len(extra)} " in out

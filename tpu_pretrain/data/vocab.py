@@ -141,17 +141,21 @@ class VocabResult:
         plain = self.characters - self.continuation_characters
         characters = (f"{self.characters} characters ({plain} plain, {self.continuation_characters} ##)"
                       if self.continuation_characters else f"{self.characters} characters")
+        # The placeholders asked for and those added for want of pieces are counted apart, in the order vocab.txt
+        # holds them, so the warning's count of the extra ones is a number the first line gave.
+        asked = f"{self.unused - self.padding} [unusedN]"
+        extra = f" + {self.padding} extra [unusedN]" if self.padding else ""
         text = (
-            f"Wrote {self.path}: {self.vocab_size} tokens = 5 special + {self.unused} [unusedN] + "
-            f"{characters} + {self.pieces} SentencePiece pieces, "
+            f"Wrote {self.path}: {self.vocab_size} tokens = 5 special + {asked} + "
+            f"{characters} + {self.pieces} SentencePiece pieces{extra}, "
             f"from a sample of {self.sample_lines} lines.\nCorpus: {self.corpus_report}"
         )
         if self.padding or self.rare_pieces > self.pieces // 4:
             said = [f"{self.rare_pieces} of the {self.pieces} pieces occur fewer than {MIN_USES} times in the "
                     "tokenised sample, too few to learn them from"] if self.pieces else []  # none: nothing to count
             if self.padding:
-                said.append(f"{self.padding} of the {self.vocab_size} tokens are extra [unusedN] placeholders the "
-                            "model never sees, as the sample yielded no more pieces")
+                said.append(f"the {self.padding} extra [unusedN] are placeholders the model never sees, added as the "
+                            "sample yielded no more pieces")
             keeps = (f"keeps the pieces seen at least {MIN_USES} times" if self.pieces else
                      "the characters and tokens the sample gives")
             advised = self.vocab_size - self.padding - self.rare_pieces
