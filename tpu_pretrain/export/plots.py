@@ -7,6 +7,7 @@ TFRecords of ``Event`` protos, read here directly.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -77,8 +78,28 @@ def _scalar(value: bytes) -> tuple[str, float] | None:
     return (tag, float(np.frombuffer(raw, dtype)[0])) if raw else None
 
 
-def plot_scalars(scalars: dict, title: str = ""):
-    """A matplotlib Figure with one panel per quantity present (loss, MLM accuracy, NSP accuracy)."""
+def masking_rates(run_dir: str | os.PathLike) -> dict[str, float]:
+    """The share of tokens masked in the training and the held-out sequences, from the run's config.json (the data's
+    rates, or dynamic masking's own for training); empty where the run records none."""
+    try:
+        data = json.loads(RunFolder(run_dir).config_file.read_text()).get("data", {})
+    except (OSError, ValueError):
+        return {}
+    rates = {"train": data.get("masked_lm_prob"), "eval": data.get("eval_masked_lm_prob")}
+    return {split: rate for split, rate in rates.items() if isinstance(rate, int | float)}
+
+
+def _label(split: str, tag: str, masking: dict[str, float]) -> str:
+    """``train loss (30% masked)``: an MLM figure depends on the share of tokens masked, which training and the
+    held-out sequences may not share (the modern recipe trains at 30%, evaluates at BERT's 15%)."""
+    rate = masking.get(split) if tag != "nsp_loss" and len(set(masking.values())) > 1 else None
+    return f"{split} {tag}" + (f" ({rate:.0%} masked)" if rate is not None else "")
+
+
+def plot_scalars(scalars: dict, title: str = "", masking: dict[str, float] | None = None):
+    """A matplotlib Figure with one panel per quantity present (loss, MLM accuracy, NSP accuracy). With
+    ``masking`` (:func:`masking_rates`) at two rates, each MLM curve is labelled with its split's rate and the panels
+    say that train and eval figures are not comparable."""
     from matplotlib.figure import Figure
 
     panels = [(name, tags) for name, tags in PANELS
@@ -96,8 +117,12 @@ def plot_scalars(scalars: dict, title: str = ""):
                 if not points or (mlm_only and tag == "mlm_loss"):  # MLM only: the same curve as loss
                     continue
                 steps, values = zip(*points, strict=True)
-                ax.plot(steps, values, label=f"{split} {tag}", color=f"C{n}", **styles[split])
-        ax.set_title(name)
+                ax.plot(steps, values, label=_label(split, tag, masking or {}), color=f"C{n}", **styles[split])
+        differ = masking and len(set(masking.values())) > 1 and name != "NSP accuracy"
+        if differ:
+            ax.set_title(f"{name}\n(train and eval masked at different rates: not comparable)", fontsize="medium")
+        else:
+            ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
@@ -110,7 +135,7 @@ def plot_scalars(scalars: dict, title: str = ""):
 
 def run_figure(run_dir: str | os.PathLike):
     """The matplotlib Figure of a run's curves (train solid, eval dashed)."""
-    return plot_scalars(read_scalars(run_dir), title=Path(run_dir).resolve().name)
+    return plot_scalars(read_scalars(run_dir), title=Path(run_dir).resolve().name, masking=masking_rates(run_dir))
 
 
 def plot_run(run_dir: str | os.PathLike, output: str | os.PathLike | None = None, dpi: int = 110) -> Path:

@@ -97,11 +97,11 @@ class LiveCurves:
     def refresh(self) -> None:
         from ..core.run_folder import RunFolder
         from ..errors import UserInputError
-        from ..export.plots import plot_scalars, read_scalars
+        from ..export.plots import masking_rates, plot_scalars, read_scalars
 
         try:
             scalars = read_scalars(self.run_dir)
-            figure = plot_scalars(scalars, title=self.run_dir.name)
+            figure = plot_scalars(scalars, title=self.run_dir.name, masking=masking_rates(self.run_dir))
         except UserInputError:  # no scalars yet
             return
         points = sum(len(v) for split in scalars.values() for v in split.values())
