@@ -1,14 +1,23 @@
 """BLiMP by pseudo-log-likelihood on a small local subset of the real pairs (tests/export/blimp_subset, CC BY): through
 ``evaluate --blimp`` on a ModernBERT trained here (JAX backend), and on a random-init BERT of the TensorFlow backend,
 each pair's verdict, and one hand-checked pair's scores, checked against transformers' model built from the export
-(every token masked in turn, by hand); the Hub read behind a stand-in ``datasets``."""
+(every token masked in turn, by hand); the Hub read behind a stand-in ``datasets``. Issue 44, item 4, through the
+command line on the trained run: random inits of its shape scored beside it with their spread, progress as a bar
+in a terminal (a pseudo-terminal here) and as a few log lines elsewhere, and one name per field."""
 
 import dataclasses
+import fcntl
 import json
 import logging
+import os
+import pty
+import select
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -16,11 +25,22 @@ import numpy as np
 import pytest
 from fault_injection import ENV, sample_data
 
+from tpu_pretrain.cli import main
 from tpu_pretrain.errors import UserInputError
-from tpu_pretrain.export.blimp import HUB_SOURCE, evaluate_blimp, load_pairs, pseudo_log_likelihoods, scoring_model
+from tpu_pretrain.export.blimp import (
+    HUB_SOURCE,
+    ScoringProgress,
+    field_name,
+    load_pairs,
+    pseudo_log_likelihoods,
+    scoring_model,
+)
+from tpu_pretrain.export.blimp_results import evaluate_blimp
 
 SUBSET = Path(__file__).parent / "blimp_subset"
-UIDS = 6
+UIDS = 7
+FIELDS = {"morphology", "syntax", "semantics", "syntax_semantics"}  # principle_A_case_2 writes syntax/semantics
+RANDOM_INITS = 2
 PAIR = ("Katherine can't help herself.", "Katherine can't help himself.")  # anaphor_gender_agreement, pair 0
 
 
@@ -38,22 +58,27 @@ TRAIN = ["--backend", "jax", "--model_family", "modernbert", "--model_size", "L2
 
 
 @pytest.fixture(scope="module")
-def modernbert_run(data, tmp_path_factory) -> tuple[Path, str]:
-    """A ModernBERT trained for two steps, evaluated with ``--blimp`` on the subset (3 pairs a phenomenon) and
-    exported, through the command line in a process of its own (the JAX backend's Keras cannot share one with
-    TensorFlow's, which this module loads): the run folder and what evaluate printed."""
+def modernbert_run(data, tmp_path_factory) -> tuple[Path, str, str]:
+    """A ModernBERT trained for two steps, evaluated with ``--blimp`` on the subset (3 pairs a phenomenon, beside
+    two random inits of its shape) and exported, through the command line in a process of its own (the JAX backend's
+    Keras cannot share one with TensorFlow's, which this module loads), its output a pipe, not a terminal: the run
+    folder, and what evaluate printed and logged."""
     run = str(tmp_path_factory.mktemp("blimp_run") / "run")
     commands = [["train", "--data_dir", data, "--output_dir", run, *TRAIN],
-                ["evaluate", run, "--blimp", str(SUBSET), "--blimp_pairs", "3"], ["export", run]]
+                ["evaluate", run, "--blimp", str(SUBSET), "--blimp_pairs", "3", "--blimp_random_inits",
+                 str(RANDOM_INITS)], ["export", run]]
     script = textwrap.dedent(f"""
+        import sys
         from tpu_pretrain.cli import main
         for command in {commands!r}:
             print("== " + command[0], flush=True)
+            print("== " + command[0], file=sys.stderr, flush=True)
             assert main(command) == 0, command
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return Path(run), next(part for part in done.stdout.split("== ") if part.startswith("evaluate"))
+    return Path(run), *(next(part for part in text.split("== ") if part.startswith("evaluate"))
+                        for text in (done.stdout, done.stderr))
 
 
 @pytest.fixture(scope="module")
@@ -106,19 +131,136 @@ def check_verdicts(by_phenomenon: dict, pairs, expected: np.ndarray) -> None:
 
 
 def test_blimp_through_the_command_line_on_a_trained_modernbert_agrees_with_transformers(modernbert_run):
-    run, printed = modernbert_run
+    run, printed, _ = modernbert_run
     result = json.loads((run / "blimp.json").read_text())
     assert f"of {result['pairs']} pairs right" in printed and "anaphor_gender_agreement" in printed
     assert "morphology" in printed and f"written to {run / 'blimp.json'}" in printed
     assert result["pairs"] == 3 * UIDS and len(result["by_phenomenon"]) == UIDS and result["skipped"] == 0
     assert result["step"] == 2 and result["source"] == str(SUBSET)
-    assert set(result["by_field"]) == {"morphology", "syntax", "semantics", "syntax_semantics"}
+    assert set(result["by_field"]) == FIELDS
     assert sum(v["pairs"] for v in result["by_field"].values()) == result["pairs"]
     assert result["unk_share"] < 0.05 and result["ties"] == 0  # the sample corpus's vocab spells English
     assert 0 <= result["correct"] <= result["pairs"] and result["accuracy"] == result["correct"] / result["pairs"]
     pairs = load_pairs(SUBSET, 3)
     check_verdicts(result["by_phenomenon"], pairs, transformers_pll(run / "export" / "hf",
                                                                     [s for p in pairs for s in (p.good, p.bad)]))
+
+
+def test_random_inits_of_the_run_s_shape_are_scored_beside_it_with_their_spread(modernbert_run):
+    """--blimp_random_inits 2: each seed's accuracy, their mean, std and range (overall, per field, per phenomenon)
+    in blimp.json and beside the model's figures, and whether the model lies outside them, said in words; no "from
+    chance" reading of a distance from 0.5."""
+    run, printed, _ = modernbert_run
+    result = json.loads((run / "blimp.json").read_text())
+    spread = result["random_inits"]
+    accuracies = spread["accuracies"]
+    assert spread["seeds"] == list(range(RANDOM_INITS)) and len(accuracies) == RANDOM_INITS
+    assert all(a * result["pairs"] == pytest.approx(round(a * result["pairs"])) for a in accuracies)  # k of n right
+    assert spread["mean"] == pytest.approx(np.mean(accuracies)) and spread["std"] == pytest.approx(np.std(accuracies,
+                                                                                                          ddof=1))
+    assert (spread["min"], spread["max"]) == (min(accuracies), max(accuracies))
+    standing = "above" if result["accuracy"] > spread["max"] else "below" if result["accuracy"] < spread["min"] else (
+        "within")
+    assert spread["model_is"] == standing
+    assert set(spread["by_field"]) == FIELDS and set(spread["by_phenomenon"]) == set(result["by_phenomenon"])
+    for values in [*spread["by_field"].values(), *spread["by_phenomenon"].values()]:
+        assert len(values["accuracies"]) == RANDOM_INITS and values["min"] <= values["mean"] <= values["max"]
+    said = (f"random init of this shape, {RANDOM_INITS} seeds: mean {spread['mean']:.4f}, std {spread['std']:.4f}, "
+            f"range {spread['min']:.4f}-{spread['max']:.4f}. The model's {result['accuracy']:.4f} is ")
+    assert said + {"within": "INSIDE", "above": "OUTSIDE", "below": "OUTSIDE"}[standing] + " that spread" in printed
+    field = spread["by_field"]["syntax_semantics"]
+    assert f"random init {field['min']:.4f}-{field['max']:.4f}" in printed
+    assert "from chance" not in printed and "chance 0.5" not in printed
+
+
+def test_progress_in_a_log_is_a_few_lines_with_no_bar(modernbert_run):
+    """Evaluate's output was a pipe: no bar redrawn into it, but the work announced, counted over the model and its
+    random inits together, and its end said."""
+    logged = modernbert_run[2]
+    lines = [line for line in logged.splitlines() if "BLiMP" in line]
+    assert lines[0].startswith(f"BLiMP: {3 * UIDS} pairs, ") and lines[0].endswith(
+        f"masked copies for the model and as many for each of {RANDOM_INITS} random inits."), lines
+    rows = int(lines[0].split(", ")[1].split()[0].replace(",", ""))
+    total = rows * (1 + RANDOM_INITS)
+    assert lines[-1].startswith(f"BLiMP scored: {total:,} of {total:,} masked copies scored (100%), "), lines
+    assert len(lines) <= 4 and "\r" not in logged and "%|" not in logged, lines
+
+
+def run_in_terminal(args: list[str], timeout: float = 600) -> tuple[int, str]:
+    """``tpu-pretrain ARGS`` with a pseudo-terminal of 120 columns for its stdin, stdout and stderr, as a user's
+    shell runs it: its exit code and everything it wrote there."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen([sys.executable, "-m", "tpu_pretrain", *args], stdin=follower, stdout=follower,
+                               stderr=follower, env=ENV, close_fds=True)
+    os.close(follower)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([leader], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: every writer has closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        else:
+            process.kill()
+    finally:
+        os.close(leader)
+    return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_progress_in_a_terminal_is_one_bar_over_the_model_and_its_random_inits(modernbert_run, tmp_path):
+    run = modernbert_run[0]
+    code, shown = run_in_terminal(["evaluate", str(run), "--blimp", str(SUBSET), "--blimp_pairs", "1",
+                                   "--blimp_random_inits", "2", "--output", str(tmp_path / "results")])
+    assert code == 0, shown[-3000:]
+    assert "BLiMP, the model" in shown and "BLiMP, random init 2 of 2" in shown and " masked" in shown, shown[-3000:]
+    assert "100%|" in shown and "\r" in shown  # redrawn in place, and it reached the end
+    assert "BLiMP scored:" not in shown  # the bar says it: no log line besides
+    assert "random init of this shape, 2 seeds" in shown
+    assert json.loads((tmp_path / "results" / "blimp.json").read_text())["pairs"] == UIDS
+
+
+def test_a_log_line_comes_at_most_once_per_interval(caplog):
+    """Where no bar is drawn (``terminal=False``): a line once the interval has passed, with the count, share and
+    time left, and none before it; the closing line only once all is scored."""
+    caplog.set_level(logging.INFO, logger="tpu_pretrain")
+    quiet = ScoringProgress(10, "BLiMP, the model", terminal=False, every_s=3600)
+    for _ in range(5):
+        quiet.advance(1)
+    quiet.close()
+    assert "masked copies" not in caplog.text  # not all scored: no "scored" line either
+    chatty = ScoringProgress(10, "BLiMP, random init 1 of 2", terminal=False, every_s=0)
+    chatty.advance(3)
+    assert "BLiMP, random init 1 of 2: 3 of 10 masked copies scored (30%), 0:00:00 spent, about 0:00:00 left" in (
+        caplog.text)
+    chatty.advance(7)
+    chatty.close()
+    assert "BLiMP scored: 10 of 10 masked copies scored (100%), 0:00:00 spent" in caplog.text
+
+
+def test_random_inits_that_give_no_spread_or_have_no_blimp_are_refused(tmp_path, capsys):
+    """One random init is one point, not a spread; a count without --blimp would be ignored: both refused with the
+    fix, before any model is loaded (the run folder here does not even exist)."""
+    assert main(["evaluate", str(tmp_path / "run"), "--blimp", str(SUBSET), "--blimp_random_inits", "1"]) == 2
+    said = capsys.readouterr().err
+    assert "--blimp_random_inits 1: give the number of random initialisations" in said and "2 or more" in said
+    assert main(["evaluate", str(tmp_path / "run"), "--blimp_random_inits", "3"]) == 2
+    assert "--blimp_random_inits 3 scores random inits on BLiMP, which is scored only with --blimp" in (
+        capsys.readouterr().err)
+
+
+def test_one_name_per_field(tmp_path):
+    """BLiMP's principle_A_case_2 spells its field syntax/semantics, its 13 siblings syntax_semantics: read as one."""
+    pairs = load_pairs(SUBSET)
+    assert {p.field for p in pairs} == FIELDS
+    assert {p.field for p in pairs if p.uid == "principle_A_case_2"} == {"syntax_semantics"}
+    assert '"field": "syntax/semantics"' in (SUBSET / "principle_A_case_2.jsonl").read_text()  # the file unchanged
+    assert [field_name(n) for n in ("syntax/semantics", "Syntax & Semantics", " morphology ")] == [
+        "syntax_semantics", "syntax_semantics", "morphology"]
 
 
 def test_a_hand_checked_pair_scores_as_transformers_scores_it_on_the_tensorflow_backend(random_bert):

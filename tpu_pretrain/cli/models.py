@@ -33,6 +33,10 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         "BLiMP's .jsonl files or one file; alone, read from the Hugging Face Hub (needs datasets).")
     parser.add_argument("--blimp_pairs", type=int, metavar="N", help="BLiMP: the first N pairs of each phenomenon "
                         "(default: all 1,000; on a CPU a small model scores a few hundred pairs a second).")
+    parser.add_argument("--blimp_random_inits", type=int, default=0, metavar="N", help="BLiMP: also score N random "
+                        "initialisations of the model's shape (seeds 0 to N-1; each costs the model's time) and "
+                        "report their mean, std and range beside its accuracy, and whether it lies outside them: an "
+                        "untrained model lands a few points either side of 0.5 (default: 0; 3 is a good start).")
 
 
 @command("evaluate", "Held-out MLM loss/accuracy/perplexity and NSP accuracy of a run's newest (or chosen) "
@@ -47,10 +51,16 @@ def _evaluate(config: Config, args: argparse.Namespace) -> int:
         raise UserInputError(f"--blimp_pairs {args.blimp_pairs} counts BLiMP's pairs, and BLiMP is scored only with "
                              "--blimp (PATH, or alone for the Hugging Face Hub): add --blimp, or leave --blimp_pairs "
                              "out.")
+    if args.blimp_random_inits and args.blimp is None:
+        raise UserInputError(f"--blimp_random_inits {args.blimp_random_inits} scores random inits on BLiMP, which is "
+                             "scored only with --blimp (PATH, or alone for the Hugging Face Hub): add --blimp, or "
+                             "leave --blimp_random_inits out.")
     if args.blimp is not None:  # the pairs read first: a wrong PATH is said before the slow work
         from ..export import blimp
+        from ..export.blimp_results import check_random_inits, evaluate_blimp
         from ..export.rebuild import load_trained_model
 
+        check_random_inits(args.blimp_random_inits)
         pairs = blimp.load_pairs(args.blimp, args.blimp_pairs)
         trained = load_trained_model(args.run, args.checkpoint)
     result = evaluate(args.run, args.checkpoint, sentences=args.sentence, top_k=args.top_k,
@@ -59,7 +69,7 @@ def _evaluate(config: Config, args: argparse.Namespace) -> int:
     print(result.summary())
     if blimp is not None:
         beside = Path(result.path).with_name(blimp.BLIMP_FILE) if result.path else None  # beside evaluation.json
-        print(blimp.evaluate_blimp(trained, pairs, args.blimp, beside).summary())
+        print(evaluate_blimp(trained, pairs, args.blimp, beside, random_inits=args.blimp_random_inits).summary())
     try:
         print(f"  curves: {plot_run(args.run)}")
     except UserInputError as exc:

@@ -6,7 +6,9 @@ al. 2020): every token masked in turn, the log-probability of the token summed; 
 grammatical sentence scores strictly higher (chance is 50%). The pairs come from a local copy (a folder of
 BLiMP's ``.jsonl`` files, or one file) or from the Hub (``nyu-mll/blimp``, with ``datasets``). The masked
 copies go through the run's own model (:class:`..models.inference.InferenceModel`), rebuilt at the length the
-sentences need, so it works for either backend and family; results go to ``blimp.json`` beside evaluation.json.
+sentences need, so it works for either backend and family. The work is counted in masked copies: a bar on a
+terminal, a log line a minute elsewhere. The figures, beside random inits of the model's shape, and ``blimp.json``
+beside evaluation.json are :mod:`.blimp_results`'s (docs/blimp.md).
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..data.tokenization import load_tokenizer
 from ..errors import UserInputError
+from ..formatting import hms
 from ..models.inference import InferenceModel
-from ..storage.local import disk_full_said, write_text_atomic
 from .rebuild import TrainedModel, build_inference
 
 log = logging.getLogger(__name__)
@@ -36,10 +40,13 @@ REQUIRED = ("sentence_good", "sentence_bad", "UID")
 BATCH_ROWS = 256  # masked copies per model call: one compiled shape, the last batch padded
 LENGTH_STEP = 16  # sentences are scored at a multiple of this length (one model, one compiled shape each)
 UNK_WARNING = 0.05  # share of BLiMP's tokens that are [UNK] above which the figures are said to mean little
+LOG_EVERY_S = 60.0  # progress where no bar can be drawn (a log, a pipe): one line a minute at most
 
 
 @dataclass(frozen=True)
 class Pair:
+    """One minimal pair: the grammatical sentence, the ungrammatical one, and the phenomenon and field it tests."""
+
     good: str
     bad: str
     uid: str
@@ -53,8 +60,14 @@ def _pair(row: dict, where: str) -> Pair:
     if missing:
         raise UserInputError(f"{where}: a BLiMP pair needs {', '.join(REQUIRED)} (text); {', '.join(missing)} "
                              "missing or empty. Use BLiMP's own .jsonl files (data/ of github.com/alexwarstadt/blimp).")
-    return Pair(row["sentence_good"], row["sentence_bad"], row["UID"], row.get("field") or "",
+    return Pair(row["sentence_good"], row["sentence_bad"], row["UID"], field_name(row.get("field") or ""),
                 row.get("linguistics_term") or "")
+
+
+def field_name(name: str) -> str:
+    """One name per field: BLiMP's own files spell one field both ``syntax_semantics`` and ``syntax/semantics``
+    (principle_A_case_2), which would be tallied as two; lower case, each run of other characters one ``_``."""
+    return re.sub(r"[^a-z0-9]+", "_", str(name).strip().lower()).strip("_")
 
 
 def read_local(path: str | os.PathLike, per_phenomenon: int | None = None) -> list[Pair]:
@@ -134,9 +147,54 @@ def load_pairs(source: str | os.PathLike = HUB_SOURCE, per_phenomenon: int | Non
     return read_local(source, per_phenomenon)
 
 
+# -- progress ------------------------------------------------------------------------------------------------
+class ScoringProgress:
+    """How far the scoring is, counted in masked copies (the unit of work: a sentence of n tokens is n of them), over
+    the model and its random inits together, so the time left covers them all. On a terminal (stderr) a bar; in a
+    log or a pipe, where a bar's redraws would be hundreds of lines, a line a minute at most and one at the end."""
+
+    def __init__(self, total: int, desc: str, terminal: bool | None = None, every_s: float = LOG_EVERY_S):
+        self.total, self.desc, self.done, self.every_s = total, desc, 0, every_s
+        self.started = self.logged = time.monotonic()
+        self.bar = None
+        if sys.stderr.isatty() if terminal is None else terminal:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit=" masked", file=sys.stderr, dynamic_ncols=True,
+                            mininterval=0.5)
+
+    def describe(self, desc: str) -> None:
+        """Name what is being scored now (the model, random init 2 of 3)."""
+        self.desc = desc
+        if self.bar is not None:
+            self.bar.set_description_str(desc)
+
+    def advance(self, rows: int) -> None:
+        """``rows`` more masked copies scored."""
+        self.done += rows
+        if self.bar is not None:
+            self.bar.update(rows)
+        elif time.monotonic() - self.logged >= self.every_s and self.done < self.total:
+            self.logged = time.monotonic()
+            log.info("%s: %s", self.desc, self._said())
+
+    def _said(self) -> str:
+        spent = time.monotonic() - self.started
+        left = spent * (self.total - self.done) / self.done if self.done else float("nan")
+        return (f"{self.done:,} of {self.total:,} masked copies scored ({self.done / max(self.total, 1):.0%}), "
+                f"{hms(spent)} spent, about {hms(left)} left")
+
+    def close(self) -> None:
+        """The bar closed where it was drawn; elsewhere one last line once all is scored, so a log shows the end."""
+        if self.bar is not None:
+            self.bar.close()
+        elif self.done >= self.total:
+            log.info("BLiMP scored: %s", self._said().split(", about")[0])
+
+
 # -- pseudo-log-likelihood ---------------------------------------------------------------------------------
 def pseudo_log_likelihoods(model: InferenceModel, sentences: list[list[int]], mask_id: int,
-                           batch_rows: int = BATCH_ROWS) -> np.ndarray:
+                           batch_rows: int = BATCH_ROWS, progress: ScoringProgress | None = None) -> np.ndarray:
     """Per sentence (token ids with its [CLS] and [SEP]): the sum over its other tokens of log p(token) with that
     token masked. Every masked copy is one row; rows go ``batch_rows`` at a time through ``model.outputs``."""
     seq, pred = model.max_seq_length, model.max_predictions_per_seq
@@ -156,6 +214,8 @@ def pseudo_log_likelihoods(model: InferenceModel, sentences: list[list[int]], ma
         peak = logits.max(axis=-1)
         log_norm = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=-1))
         np.add.at(scores, [s for s, _ in chunk], logits[np.arange(len(chunk)), targets] - log_norm)
+        if progress is not None:
+            progress.advance(len(chunk))
     return scores
 
 
@@ -170,51 +230,25 @@ def scoring_model(trained: TrainedModel, length: int) -> InferenceModel:
     return short
 
 
-# -- the evaluation ------------------------------------------------------------------------------------------
 @dataclass
-class BlimpResult:
-    """Accuracy per phenomenon (UID), per field and overall, and which weights they describe."""
+class Encoded:
+    """The pairs that fit the model, tokenized once for the model and every random init of its shape."""
 
-    weights: str
-    step: int | None
-    source: str
-    pairs: int
-    correct: int
-    accuracy: float
-    ties: int  # pairs whose two sentences tokenize alike (wrong: the model cannot prefer either)
+    pairs: list[Pair]
+    sentences: list[list[int]]  # good, bad, good, bad, ...: token ids with [CLS] and [SEP]
+    mask_id: int
     unk_share: float
     skipped: int
-    by_phenomenon: dict = field(default_factory=dict)
-    by_field: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    path: str | None = None
 
-    def summary(self, phenomena: bool = True) -> str:
-        where = f"step {self.step}" if self.step is not None else self.weights
-        lines = [f"BLiMP ({self.source}) of {where}: {self.accuracy:.4f} of {self.pairs} pairs right "
-                 f"(chance 0.5; {self.ties} pairs the vocab cannot tell apart counted wrong; [UNK] "
-                 f"{self.unk_share:.1%} of tokens"
-                 + (f"; {self.skipped} pairs too long skipped" if self.skipped else "") + ")"]
-        lines += [f"  {name:<18} {v['accuracy']:.4f} ({v['pairs']} pairs)" for name, v in self.by_field.items()]
-        if phenomena:
-            lines += [f"    {uid:<58} {v['accuracy']:.4f} ({v['pairs']})" for uid, v in self.by_phenomenon.items()]
-        if self.path:
-            lines.append(f"  written to {self.path}")
-        return "\n".join(lines)
+    @property
+    def rows(self) -> int:
+        """Masked copies one model scores: one per token of every sentence."""
+        return sum(len(s) - 2 for s in self.sentences)
 
 
-def _tally(pairs: list[Pair], right: np.ndarray, key) -> dict:
-    groups = defaultdict(list)
-    for pair, ok in zip(pairs, right, strict=True):
-        groups[key(pair)].append(ok)
-    return {name: {"pairs": len(oks), "correct": int(sum(oks)), "accuracy": float(np.mean(oks))}
-            for name, oks in sorted(groups.items())}
-
-
-def evaluate_blimp(trained: TrainedModel, pairs: list[Pair], source: str = HUB_SOURCE,
-                   output: str | os.PathLike | None = None, batch_rows: int = BATCH_ROWS) -> BlimpResult:
-    """Score every pair with the trained model; write ``output`` (a JSON file) when given."""
-    started = time.perf_counter()
+def encode(trained: TrainedModel, pairs: list[Pair]) -> Encoded:
+    """Tokenize every pair with the run's vocab: a vocab that cannot spell English is warned about, a pair longer
+    than the model's positions skipped (and counted)."""
     tokenizer = load_tokenizer(trained.vocab_file, trained.do_lower_case)
     encoded = tokenizer.encode_batch([s for p in pairs for s in (p.good, p.bad)])
     sentences = [[tokenizer.cls_id, *map(int, ids), tokenizer.sep_id] for ids in encoded]
@@ -230,27 +264,44 @@ def evaluate_blimp(trained: TrainedModel, pairs: list[Pair], source: str = HUB_S
     kept = [n for n, ok in enumerate(fits) if ok]
     if not kept:
         raise UserInputError(f"No BLiMP pair fits the model's {trained.max_seq_length} tokens.")
-    sentences = [sentences[i] for n in kept for i in (2 * n, 2 * n + 1)]
-    pairs = [pairs[n] for n in kept]
+    return Encoded([pairs[n] for n in kept], [sentences[i] for n in kept for i in (2 * n, 2 * n + 1)],
+                   tokenizer.mask_id, unk_share, fits.count(False))
+
+
+def right_answers(trained: TrainedModel, encoded: Encoded, batch_rows: int = BATCH_ROWS,
+                  progress: ScoringProgress | None = None) -> np.ndarray:
+    """Per pair, whether the model gives the grammatical sentence the higher pseudo-log-likelihood (a pair whose
+    sentences tokenize alike, e.g. both [UNK], is wrong: the model cannot prefer either)."""
+    sentences = encoded.sentences
     scores = np.zeros(len(sentences))
     buckets = defaultdict(list)  # sentences by the length they are scored at: a short one costs no long one's time
     for n, ids in enumerate(sentences):
         buckets[min(trained.max_seq_length, -(-len(ids) // LENGTH_STEP) * LENGTH_STEP)].append(n)
     for length, members in sorted(buckets.items()):
         scores[members] = pseudo_log_likelihoods(scoring_model(trained, length), [sentences[n] for n in members],
-                                                 tokenizer.mask_id, batch_rows)
-    same = np.array([sentences[2 * n] == sentences[2 * n + 1] for n in range(len(pairs))])  # e.g. both [UNK]
-    right = (scores[0::2] > scores[1::2]) & ~same
-    result = BlimpResult(trained.weights, trained.step, str(source), len(pairs), int(right.sum()),
-                         float(right.mean()), int(same.sum()), unk_share, fits.count(False))
-    result.by_phenomenon = _tally(pairs, right, lambda p: p.uid)
-    for uid, values in result.by_phenomenon.items():
-        first = next(p for p in pairs if p.uid == uid)
-        values.update(field=first.field, linguistics_term=first.term)
-    result.by_field = _tally(pairs, right, lambda p: p.field or "(no field)")
-    result.seconds = time.perf_counter() - started
-    if output is not None:
-        result.path = str(output)
-        with disk_full_said(output):
-            write_text_atomic(output, json.dumps(asdict(result), indent=2) + "\n")
-    return result
+                                                 encoded.mask_id, batch_rows, progress)
+    return (scores[0::2] > scores[1::2]) & ~ties(encoded)
+
+
+def ties(encoded: Encoded) -> np.ndarray:
+    """Per pair, whether its two sentences are the same tokens."""
+    return np.array([encoded.sentences[2 * n] == encoded.sentences[2 * n + 1] for n in range(len(encoded.pairs))])
+
+
+def tally(pairs: list[Pair], right: np.ndarray, key) -> dict:
+    """Pairs, right answers and accuracy per group of pairs (``key(pair)`` names its group), in name order."""
+    groups = defaultdict(list)
+    for pair, ok in zip(pairs, right, strict=True):
+        groups[key(pair)].append(ok)
+    return {name: {"pairs": len(oks), "correct": int(sum(oks)), "accuracy": float(np.mean(oks))}
+            for name, oks in sorted(groups.items())}
+
+
+def field_of(pair: Pair) -> str:
+    """The field a pair is tallied under."""
+    return pair.field or "(no field)"
+
+
+def uid_of(pair: Pair) -> str:
+    """The phenomenon a pair is tallied under."""
+    return pair.uid
