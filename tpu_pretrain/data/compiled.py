@@ -4,13 +4,16 @@ Why: numba refuses at import when no folder can hold its cache (the package read
 locator available"), and fails at the first call when a cache file is damaged (a truncated write: "pickle data
 was truncated"); either killed every create-data worker at its start. Here a missing cache folder falls back to a
 folder in the system's temporary directory (else the code is compiled in memory at each start), and a damaged
-cache file is rebuilt; each is said in a line.
+cache file is rebuilt; each is said in a line. A compile (the cache cold: a machine's first create-data, a new
+version of the code) takes about 40 s on two cores: it is said in a line before it starts, once however many worker
+processes compile at the same time (:func:`share_notice`), and never when the cache holds the code.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 
 import numba
@@ -19,6 +22,9 @@ from numba.core import config as numba_config
 log = logging.getLogger(__name__)
 
 _cache_ok: bool | None = None  # whether compiled code can be cached (decided once per process)
+_notice: dict = {"said": False, "shared": None}  # the compile notice: said here, and the flag workers share
+
+COMPILING = "Compiling the fast tokenizer and masking paths ({when}, about 40 s on two cores)..."
 
 
 def njit(**options):
@@ -75,6 +81,27 @@ def _locate_cache() -> bool:
         return False
 
 
+def share_notice(flag) -> None:
+    """Say the compile notice only where ``flag`` (a ``multiprocessing.Value`` the worker processes share) is still
+    0, and set it: one line for create-data's workers compiling at once, not one each."""
+    _notice["shared"] = flag
+
+
+def _say_compiling() -> None:
+    """The line before a compile (numba found no cached code): once per process, or per pool (:func:`share_notice`)."""
+    if _notice["said"]:
+        return
+    _notice["said"] = True
+    shared = _notice["shared"]
+    if shared is not None:
+        with shared.get_lock():
+            if shared.value:
+                return
+            shared.value = 1
+    when = "once per machine" if _cache_ok else "at each start: no folder can keep the compiled code"
+    print(COMPILING.format(when=when), file=sys.stderr, flush=True)  # a worker process has no logging set up
+
+
 def _rebuild_when_damaged(dispatcher) -> None:
     """A cache file that cannot be read (truncated, damaged) is emptied and the code compiled and cached again."""
     cache = getattr(dispatcher, "_cache", None)
@@ -84,11 +111,14 @@ def _rebuild_when_damaged(dispatcher) -> None:
 
     def load_or_rebuild(signature, target_context):
         try:
-            return load(signature, target_context)
+            loaded = load(signature, target_context)
         except Exception as exc:  # the file's contents, whatever they are, are not a cache entry
             log.warning("The compiled code's cache of %s in %s is damaged (%s: %s): it is rebuilt.",
                         dispatcher.py_func.__qualname__, cache.cache_path, type(exc).__name__, exc)
             cache.flush()  # an empty index: compiled now, then saved over the damaged files
-            return None
+            loaded = None
+        if loaded is None:  # not in the cache: numba compiles it next
+            _say_compiling()
+        return loaded
 
     cache.load_overload = load_or_rebuild

@@ -22,6 +22,7 @@ import errno
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import shutil
@@ -264,7 +265,9 @@ def _worker_count(workers: int, shards: int) -> int:
 
 
 def _worker_pool(stack: contextlib.ExitStack, workers: int) -> ShardPool:
-    return stack.enter_context(ShardPool(workers, worker_init, (workers,)))
+    # one compile notice between the workers; held while the pool lives (a worker unpickles it as it starts)
+    compile_notice = stack.enter_context(contextlib.nullcontext(multiprocessing.get_context("spawn").Value("b", 0)))
+    return stack.enter_context(ShardPool(workers, worker_init, (workers, compile_notice)))
 
 
 def auto_num_shards(corpus_bytes: int) -> int:

@@ -47,14 +47,17 @@ class ShardTask:
         return Path(self.work) / f"{self.split}-{self.index}.txt"
 
 
-def worker_init(workers: int) -> None:
-    """Share the cores between worker processes (each tokeniser would otherwise take them all)."""
+def worker_init(workers: int, compile_notice=None) -> None:
+    """Share the cores between worker processes (each tokeniser would otherwise take them all); load (or compile)
+    the compiled code, the workers saying a compile once between them (``compile_notice``: a shared flag)."""
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     os.environ["RAYON_NUM_THREADS"] = threads
     os.environ["RAYON_RS_NUM_CPUS"] = threads
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    from .compiled import share_notice
     from .shard_writer import load_compiled_code
 
+    share_notice(compile_notice)
     load_compiled_code()
 
 
