@@ -75,3 +75,17 @@ def test_the_checker_finds_a_missing_file_and_a_missing_heading(tmp_path):
                     "```\n[i](inside-a-fence.md)\n```\n")
     found = broken_links(page)
     assert [entry.split(":")[0] for entry in found] == ["gone.md", "other.md#nowhere", "#nor-here"], found
+
+
+def test_the_docs_say_where_jax_tpu_goes_for_plan_and_which_pins_the_images_hold():
+    """Issue 44, item 7: a new user planning for a TPU from a laptop must learn where the TPU compiler goes (the
+    environment that runs ``tpu-pretrain plan``) and which versions to match; the images' pins the page quotes are
+    the ones the image-exact environments are built from (tests/environments), so a new pin there fails here."""
+    page = " ".join((REPO / "docs" / "tpus.md").read_text(encoding="utf-8").split())
+    assert "**Where `jax[tpu]` goes**: into the environment that runs `tpu-pretrain plan`" in page
+    assert "pip install \"jax[tpu]==$(python -c 'import jax; print(jax.__version__)')\"" in page
+    for pins in sorted((REPO / "tests" / "environments").glob("*_tpu.txt")):
+        for pin in re.findall(r"^(jax\[tpu\]==[\w.]+|libtpu==[\w.]+)$", pins.read_text(encoding="utf-8"), re.M):
+            assert f"`{pin}`" in page, (pins.name, pin)
+    commands = " ".join((REPO / "docs" / "command-line.md").read_text(encoding="utf-8").split())
+    assert "the TPU compiler (jax[tpu]) goes into the environment whose tpu-pretrain runs the plan" in commands
