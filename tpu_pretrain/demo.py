@@ -8,6 +8,7 @@ Google's TF checkpoint only where TensorFlow is installed.
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -54,8 +55,8 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
 
     evaluation = evaluate(run, sentences=["The module provides functions for [MASK] with files.",
                                           "Return the [MASK] of the list."], top_k=3)
-    print(f"[5/6] evaluation (the first 10 batches of 32 held-out sequences, as training's evals read; "
-          f"`tpu-pretrain evaluate {run} --all` reads every one), saved in {evaluation.path}:")
+    print(f"[5/6] evaluation {_eval_counts(evaluation.eval_examples, manifest.totals('eval')['instances'], run)}, "
+          f"saved in {evaluation.path}:")
     print("      " + evaluation.summary().replace("\n", "\n      "))
     print("      (a 2-layer model after a few minutes on half a megabyte: its guesses are mostly the commonest words)")
     curves = plot_run(run)
@@ -69,8 +70,30 @@ def run_demo(output_dir: str | Path = "demo_run", workers: int = 0, steps: int =
                    f"tpu-pretrain export {run} --format tf)")
     print(f"[6/6] curves: {curves}; Hugging Face export: {hf}; {tf_line}")
     print(f"demo finished in {time.time() - started:.1f} s; artefacts under {out.resolve()}")
-    print("Next: your own text, as README's walk-through does it (\"Your own text on a CPU\"); the export loads in "
-          f"transformers: BertForMaskedLM.from_pretrained({str(hf)!r})")
+    print(f"Next: your own text, as README's walk-through does it (\"Your own text on a CPU\"){_this_environment()}; "
+          f"the export loads in transformers (README's step 6): BertForMaskedLM.from_pretrained({str(hf)!r})")
     return {"corpus": str(corpus), "vocab": str(vocab), "data_dir": str(out / "data"), "manifest": manifest,
             "run": str(run), "train": result, "evaluation": evaluation, "hf": str(hf),
             "tf": str(tf_ckpt) if tf_ckpt else None}
+
+
+def _eval_counts(read: int, held_out: int, run: Path) -> str:
+    """Why the evaluation's count is not the held-out split's: training's evals (and so this one) read
+    ``max_eval_steps`` batches, 10 of 32 here; ``--all`` reads them all."""
+    if read >= held_out:
+        return f"of all {held_out} held-out sequences"
+    return (f"of {read} of the {held_out} held-out sequences (the first 10 batches of 32, as training's evals read; "
+            f"`tpu-pretrain evaluate {run} --all` reads all {held_out})")
+
+
+def _this_environment() -> str:
+    """Where the walk-through's commands are: this virtual environment's ``tpu-pretrain`` (``.venv-demo``'s after
+    ``make demo``), named so that the next step is taken with the same one."""
+    if sys.prefix == sys.base_prefix:
+        return ""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    try:
+        activate = activate.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f", in this environment (source {activate})"
