@@ -89,3 +89,15 @@ def test_the_docs_say_where_jax_tpu_goes_for_plan_and_which_pins_the_images_hold
             assert f"`{pin}`" in page, (pins.name, pin)
     commands = " ".join((REPO / "docs" / "command-line.md").read_text(encoding="utf-8").split())
     assert "the TPU compiler (jax[tpu]) goes into the environment whose tpu-pretrain runs the plan" in commands
+
+
+def test_the_walk_through_names_the_environment_make_demo_leaves_and_a_cpu_torch():
+    """Issue 44, item 5: README's walk-through runs in one environment, the one ``make demo`` creates (the Makefile's
+    DEMO_VENV), and installs PyTorch's CPU-only build where no GPU is present, not 5.5 GB of CUDA wheels."""
+    venv = re.search(r"^DEMO_VENV := (\S+)$", (REPO / "Makefile").read_text(encoding="utf-8"), re.M)[1]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    walk = readme[readme.index("## Your own text on a CPU"):readme.index("## The notebooks on Colab and Kaggle")]
+    assert f"source {venv}/bin/activate" in walk
+    assert set(re.findall(r"(\.venv[\w-]*)", walk)) == {venv}, re.findall(r"(\.venv[\w-]*)", walk)
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in walk
+    assert "pip install transformers torch" not in walk and "`train` uses JAX" in walk
