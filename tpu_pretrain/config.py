@@ -8,9 +8,11 @@ unknown setting. Every declaration is importable from here too, as it always was
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
+import logging
 import os
 import typing
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ __all__ = ["CORPUS_STEPS", "CREATE_DATA", "DATA", "DEMO", "EVALUATE", "MODERN_RE
            "STORAGE_CHECK", "TRAIN", "TRANSFER", "VOCAB", "Config", "ConfigError", "CorpusConfig", "ModelConfig",
            "PretrainingDataConfig", "StorageConfig", "TrainConfig", "VocabConfig", "all_fields", "field_type",
            "pinned_settings", "step_settings", "unknown_key_message"]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +116,16 @@ class Config:
             self.data.recipe = default_recipe(self.model.model_family, self.model.init_checkpoint)
         if key in ("recipe", "model_family", "init_checkpoint"):
             self.apply_recipe()
+        if key in ("init_checkpoint", "bert_config_file") and "model_family" not in self.explicit:
+            self._family_of_checkpoint(key)
+
+    def _family_of_checkpoint(self, setting: str) -> None:
+        """``model_family`` from what a checkpoint (or config file) is, by its config.json's model_type, as
+        ``--model_family`` would set it (recipe included); one given by name is checked against it instead."""
+        family = checkpoint_family(self.get(setting))
+        if family is not None and family != self.model.model_family:
+            self.set("model_family", family, source=f"{setting} {self.get(setting)}")
+            log.info("model_family=%s, from %s %s (its config.json's model_type).", family, setting, self.get(setting))
 
     def apply_recipe(self) -> None:
         """Set what the recipe sets, except the settings given explicitly."""
@@ -126,6 +139,33 @@ class Config:
         if key not in _FIELD_SECTION:
             raise ConfigError(unknown_key_message(key, "configuration"))
         return getattr(getattr(self, _FIELD_SECTION[key]), key)
+
+    # -- a resolved run's settings --------------------------------------------------------------
+    def freeze(self) -> Config:
+        """Refuse every later assignment (the resolver's last act: :mod:`.core.resolve`); returns ``self``."""
+        for name in SECTIONS:
+            object.__setattr__(getattr(self, name), "_frozen", True)
+        return self
+
+    @property
+    def frozen(self) -> bool:
+        return self.train._frozen
+
+    def __deepcopy__(self, memo: dict) -> Config:
+        """A copy is a configuration being built: editable, whether or not this one is frozen."""
+        copied = Config.__new__(Config)
+        for f in dataclasses.fields(self):
+            value = copy.deepcopy(getattr(self, f.name), memo)
+            if f.name in SECTIONS:
+                vars(value).pop("_frozen", None)
+            object.__setattr__(copied, f.name, value)
+        return copied
+
+    def replaced(self, source: str = "the run's plan", **settings: Any) -> Config:
+        """A frozen copy with ``settings`` set (a new plan's settings: this one is unchanged)."""
+        copied = copy.deepcopy(self)
+        copied.update(settings, source=source)
+        return copied.freeze()
 
     # -- output -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -26,9 +26,8 @@ class ConfigError(UserInputError):
 
 
 def check_settings(config) -> None:
-    """Check each setting's range and the consistency between settings (the model family, where none was given,
-    taken from the init checkpoint's config.json: :func:`family_from_checkpoint`)."""
-    family_from_checkpoint(config)
+    """Check each setting's range and the consistency between settings."""
+    check_family_of_checkpoint(config)
     _check_data(config.data, config.model)
     _check_corpus_and_vocab(config.corpus, config.vocab)
     _check_storage(config.storage)
@@ -176,22 +175,17 @@ def _check_optimizer(t) -> None:
 
 
 
-def family_from_checkpoint(config) -> None:
-    """Take ``model_family`` from what ``init_checkpoint`` (or ``bert_config_file``) is, by its config.json's
-    model_type, as ``--model_family`` would set it (recipe included) when none was given; refuse a contradiction."""
+def check_family_of_checkpoint(config) -> None:
+    """Refuse a ``model_family`` given by name that contradicts what ``init_checkpoint`` (or ``bert_config_file``) is,
+    by its config.json's model_type (given by neither, the checkpoint decides it: :meth:`.config.Config.set`)."""
     m = config.model
     for setting in ("init_checkpoint", "bert_config_file"):
         family = checkpoint_family(getattr(m, setting))
-        if family is None or family == m.model_family:
-            continue
-        if "model_family" in config.explicit:
+        if family is not None and family != m.model_family:
             raise ConfigError(
                 f"Setting model_family={m.model_family} contradicts {setting} {getattr(m, setting)}, whose config.json "
                 f"describes a {family} (model_type {family}): leave --model_family out (the checkpoint decides it), "
                 f"or give a {m.model_family} {setting}.")
-        config.set("model_family", family, source=f"{setting} {getattr(m, setting)}")
-        log.info("model_family=%s, from %s %s (its config.json's model_type).", family,
-                                         setting, getattr(m, setting))
 
 
 def checkpoint_family(path: str) -> str | None:

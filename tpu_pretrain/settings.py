@@ -14,7 +14,7 @@ from the run's config.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any
 
 from .models.families import BERT, FAMILIES
@@ -27,6 +27,19 @@ CORPUS_STEPS = (VOCAB, CREATE_DATA)
 DATA, RUN = "data", "run"
 
 
+class Section:
+    """What every section of settings shares: once a run is resolved (:meth:`.config.Config.freeze`) its settings
+    refuse assignment, so nothing after the resolver (:mod:`.core.resolve`) changes what the run is."""
+
+    _frozen = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise FrozenInstanceError(f"cannot assign {type(self).__name__}.{name}: the run's settings are resolved "
+                                      "and frozen; a changed run is a new plan (tpu_pretrain.core.resolve)")
+        super().__setattr__(name, value)
+
+
 def _f(default, help_text: str, steps: tuple[str, ...] = (), pins: tuple[str, ...] = (), **kwargs):
     metadata = {"help": help_text, "steps": steps, "pins": pins, **kwargs}
     if isinstance(default, list):
@@ -35,7 +48,7 @@ def _f(default, help_text: str, steps: tuple[str, ...] = (), pins: tuple[str, ..
 
 
 @dataclass
-class CorpusConfig:
+class CorpusConfig(Section):
     """How raw text is read and normalised."""
 
     input: list[str] = _f([], "Corpus files, globs, folders or URLs (.txt; gzip, bzip2, xz, zip; .parquet, a row a "
@@ -64,7 +77,7 @@ class CorpusConfig:
 
 
 @dataclass
-class VocabConfig:
+class VocabConfig(Section):
     """How a WordPiece vocab is built from the corpus."""
 
     vocab_size: int = _f(32000, "Exact size of the vocab.txt to build.", steps=(VOCAB,))
@@ -76,7 +89,7 @@ class VocabConfig:
 
 
 @dataclass
-class PretrainingDataConfig:
+class PretrainingDataConfig(Section):
     """How pretraining instances are made (flags of Google's create_pretraining_data.py)."""
 
     recipe: str = _f("modern", "modern (the default from scratch): packed MLM-only sequences, 30% masking, no "
@@ -124,7 +137,7 @@ class PretrainingDataConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Which BERT to build."""
 
     model_family: str = _f(BERT.name, "bert: Google's BERT. modernbert: ModernBERT (RoPE, GeGLU, local-global "
@@ -144,7 +157,7 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """How the model is trained (flags of Google's run_pretraining.py)."""
 
     train_batch_size: int = _f(32, "Global batch size, over all replicas.", steps=(TRAIN,), pins=(RUN,))
@@ -229,7 +242,7 @@ class TrainConfig:
 
 
 @dataclass
-class StorageConfig:
+class StorageConfig(Section):
     """Where things live."""
 
     data_dir: str = _f("", "Folder (or gs:// URL) holding the TFRecord shards and manifest.json.",

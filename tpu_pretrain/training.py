@@ -8,7 +8,6 @@ offer are refused here, before any data is read.
 
 from __future__ import annotations
 
-import copy
 import logging
 
 from .backend import AUTO, TENSORFLOW, check_offered, choose_backend, required_backend
@@ -16,7 +15,7 @@ from .config import MODERN_RECIPE, Config
 from .core.checkpoints import list_checkpoints
 from .core.loop import TrainResult, run_training
 from .core.protocol import Trainer
-from .core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
+from .core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder, continued_config, given_settings
 from .errors import UserInputError
 from .models.families import MODERNBERT, family_named
 from .storage.local import check_writable_folder
@@ -29,13 +28,13 @@ def train(config: Config | None = None, *, progress: bool | None = None, set_asi
           **kwargs) -> TrainResult:
     """Pretrain (or continue pretraining) BERT as configured: ``train(data_dir=..., output_dir=..., ...)``.
 
-    The caller's ``config`` is not changed: keyword settings and the data's own settings go into a copy.
-    ``set_aside_damaged_checkpoints``: when every checkpoint of the run is damaged, move them to
-    ``checkpoints/damaged/`` and start from step 0 (otherwise that is refused).
+    The caller's ``config`` is not changed: keyword settings and the data's own settings go into a copy. A run
+    already in ``output_dir`` continues with its recorded settings, those given here over them, as the command line
+    continues it (:func:`.core.run_folder.continued_config`). ``set_aside_damaged_checkpoints``: when every
+    checkpoint of the run is damaged, move them to ``checkpoints/damaged/`` and start from step 0 (otherwise that is
+    refused).
     """
-    config = copy.deepcopy(config) if config is not None else Config()
-    config.update(kwargs)
-    config.validate()
+    config = continued_config({**(given_settings(config) if config is not None else {}), **kwargs})
     output_dir = config.storage.output_dir
     if not output_dir:
         raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
@@ -98,7 +97,6 @@ def make_trainer(config: Config) -> Trainer:
                              "--coordinator_address, --num_processes, --process_index, or a TPU pod's own): unset "
                              "TF_CONFIG, or train with --backend tensorflow.")
     log.info("Training backend: %s (%s).", backend, reason)
-    config.train.backend = backend  # the run records the backend it was trained with
     if backend == "jax":
         from .jax_backend.processes import join_processes
         from .jax_backend.trainer import JaxTrainer

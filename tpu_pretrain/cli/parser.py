@@ -23,12 +23,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
-from ..config import (
-    Config,
-    TrainConfig,
-    all_fields,
-    field_type,
-)
+from ..config import Config, all_fields, field_type
 from ..config_checks import parse_bool
 from ..errors import CommandFailed, ProcessLost, UserInputError
 
@@ -80,17 +75,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, names: Sequence[str]) 
 
 
 def config_from_args(args: argparse.Namespace, names: Sequence[str]) -> Config:
+    """The flags given over a ``--config`` file; a run continued (or planned) in its folder reads its own record
+    first (:func:`..core.run_folder.continued_config`)."""
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     base = getattr(args, "config", None)
-    if base is None and getattr(args, "command", None) in ("train", "plan"):
-        from ..core.run_folder import RunFolder
+    if getattr(args, "command", None) in ("train", "plan"):
+        from ..core.run_folder import continued_config
 
-        saved = RunFolder(overrides.get("output_dir", "")).config_file
-        if saved.is_file():  # an existing run folder continues (or is planned) with its settings; flags override
-            base = str(saved)  # the safe ones; which process this is belongs to this launch alone
-            for f in dataclasses.fields(TrainConfig):
-                if f.metadata.get("launch"):
-                    overrides.setdefault(f.name, f.default)
+        return continued_config(overrides, base)
     return Config.load(base, **overrides)
 
 

@@ -24,7 +24,6 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from . import schedules
 from .checkpoint_space import check_rooms
 from .checkpoints import CheckpointManager, FollowerCheckpoints
 from .metrics import nsp_majority_note
@@ -176,8 +175,8 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, mirror
         claim(mirror, identity)  # before a checkpoint is fetched from it: the copy must be this run's
     restored = manager.restore_latest(set_aside_damaged)
     _follow_schedule(trainer, restored.metadata.get("lr_schedule") if restored else None)
-    if trainer.is_chief:
-        run.write_run_files(plan.config, plan.model_config, plan.vocab)
+    if trainer.is_chief:  # the plan it follows from here (:func:`_follow_schedule`)
+        run.write_run_files(trainer.plan.config, trainer.plan.model_config, trainer.plan.vocab)
         run.record_identity(identity)
     trainer.start_input(trainer.step)
     if restored is None:
@@ -187,20 +186,12 @@ def _resume(trainer: Trainer, run: RunFolder, manager: CheckpointManager, mirror
 
 
 def _follow_schedule(trainer: Trainer, recorded: dict | None) -> None:
-    """Place the schedule the run follows from the restored step: the one recorded when the settings are the
-    same, else re-planned from the rate reached (:func:`.schedules.resume`); an automatic warmup stays as
-    recorded, since it was chosen from the settings the run started with."""
-    plan, step = trainer.plan, trainer.step
-    t = plan.config.train
-    if recorded and plan.warmup_was_auto:
-        t.num_warmup_steps = int((recorded.get("planned") or {}).get("warmup_end", recorded.get("num_warmup_steps",
-                                                                                               t.num_warmup_steps)))
-        plan.planned_schedule = schedules.planned(t)
-    plan.schedule, change = schedules.resume(plan.planned_schedule, recorded, step, t.rewarm_steps)
+    """Place the schedule the run follows from the restored step (:meth:`.resolve.RunPlan.resumed`: a new plan)."""
+    trainer.plan, change = trainer.plan.resumed(recorded, trainer.step)
     if change:
         log.warning("Learning rate: %s.", change)
-    log.info("Learning rate: %s.", plan.schedule.describe())
-    trainer.use_schedule(plan.schedule)
+    log.info("Learning rate: %s.", trainer.plan.schedule.describe())
+    trainer.use_schedule(trainer.plan.schedule)
 
 
 def _next_boundary(trainer: Trainer, step: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import DATA, MODERN_RECIPE, Config, TrainConfig, pinned_settings, recipe_line
 from ..config_checks import max_predictions
@@ -22,19 +22,22 @@ from ..models.modernbert_config import (
     resolve_modernbert_config,
     vocab_token_ids,
 )
+from .document_masks import decide_document_masks
 from .run_folder import RunFolder
-from .schedules import Schedule, planned
+from .schedules import Schedule, planned, resume
 
 log = logging.getLogger(__name__)
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
     """What a run is before any framework builds it: settings, data, vocab, model shape, schedule.
 
-    Both backends' trainers start from :meth:`resolve`; the loop re-plans ``schedule`` on resume.
+    Every setting left to be decided ("auto", -1, 0, the recipe, the data's shapes, the backend, document masks) is
+    decided here, once, and the plan's settings are frozen: a changed run (resumed on its recorded schedule, another
+    batch tried by the plan command) is a new plan (:meth:`resumed`, :meth:`with_batch`), never an edit.
     """
 
-    config: Config  # completed from the data (the caller's is unchanged)
+    config: Config  # completed from the data and frozen (the caller's is unchanged)
     data: DataInfo
     vocab: Vocab | None  # the vocab it trains with (copied into the run folder); None: planned before it exists
     model_config: BertConfig | ModernBertConfig  # the model's shape, of the run's family
@@ -43,8 +46,9 @@ class RunPlan:
     schedule: Schedule  # what the run follows: the planned one, or re-planned on resume
 
     @classmethod
-    def resolve(cls, config: Config) -> RunPlan:
-        """Read the data folder's description and complete ``config`` from it; check the data fills a batch."""
+    def resolve(cls, config: Config, backend: str | None = None) -> RunPlan:
+        """Read the data folder's description and complete ``config`` from it for ``backend`` (None: the one the
+        settings name); check the data fills a batch."""
         if config.storage.output_dir and "://" not in config.storage.output_dir:
             RunFolder(config.storage.output_dir).check_same_family(config.model.model_family)
         log.info("%s", recipe_line(config))
@@ -54,15 +58,17 @@ class RunPlan:
         positions_of_the_run(config)
         vocab = run_vocab(config, data)
         check_data_fills_a_batch(config.train, data)
+        model_config = run_model_config(config, data, vocab)
+        _decide_run_settings(config, data, backend)
         schedule = planned(config.train)
-        return cls(config, data, vocab, run_model_config(config, data, vocab), warmup_was_auto, schedule, schedule)
+        return cls(config, data, vocab, model_config, warmup_was_auto, schedule, schedule)
 
     @classmethod
-    def from_settings(cls, config: Config) -> RunPlan:
+    def from_settings(cls, config: Config, backend: str | None = None) -> RunPlan:
         """A run planned before its data exists (the plan command): the shapes create-data would write with these
         settings. A ``data_dir``, when set, decides them instead, as in :meth:`resolve`."""
         if config.storage.data_dir:
-            return cls.resolve(config)
+            return cls.resolve(config, backend)
         config = copy.deepcopy(config)
         d = config.data
         d.max_predictions_per_seq = max_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob)
@@ -78,8 +84,28 @@ class RunPlan:
             model_config = planned_modernbert_config(config, vocab_size)
         else:
             model_config = run_model_config(config, data, vocab)
+        _decide_run_settings(config, data, backend)
         schedule = planned(config.train)
         return cls(config, data, vocab, model_config, warmup_was_auto, schedule, schedule)
+
+    def resumed(self, recorded: dict | None, step: int) -> tuple[RunPlan, str | None]:
+        """The plan of this run restored at ``step`` with the schedule its checkpoint ``recorded``: that schedule
+        when the settings are the same, else one re-planned from the rate reached (:func:`.schedules.resume`; the
+        second value says what changed). An automatic warmup stays as recorded: it was chosen from the settings the
+        run started with."""
+        config, planned_schedule = self.config, self.planned_schedule
+        if recorded and self.warmup_was_auto:
+            warmup = (recorded.get("planned") or {}).get("warmup_end", recorded.get("num_warmup_steps"))
+            config = config.replaced(num_warmup_steps=int(warmup if warmup is not None else
+                                                          config.train.num_warmup_steps))
+            planned_schedule = planned(config.train)
+        schedule, change = resume(planned_schedule, recorded, step, config.train.rewarm_steps)
+        return replace(self, config=config, planned_schedule=planned_schedule, schedule=schedule), change
+
+    def with_batch(self, batch: int, accumulation: int) -> RunPlan:
+        """This plan with global batches of ``batch`` in ``accumulation`` micro-batches (the plan command's search)."""
+        return replace(self, config=self.config.replaced(train_batch_size=batch,
+                                                         gradient_accumulation_steps=accumulation))
 
     @property
     def family(self) -> ModelFamily:
@@ -97,6 +123,15 @@ class RunPlan:
         """Check the global batch splits over ``replicas``; returns the global eval batch size (0: no eval)."""
         check_batch_split(self.config.train, replicas)
         return eval_batch_size(self.config.train, self.data, replicas)
+
+
+def _decide_run_settings(config: Config, data: DataInfo, backend: str | None) -> None:
+    """The resolver's last decisions, on its own copy, which it then freezes: the backend that trains the run and
+    whether it keeps documents apart."""
+    if backend:
+        config.train.backend = backend  # the run records the backend it was trained with
+    config.train.document_masks = decide_document_masks(config, data, config.train.backend)
+    config.freeze()
 
 
 def resolve_config(config: Config, data: DataInfo) -> Config:

@@ -27,6 +27,7 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from .. import storage
 from ..config import RUN, Config, all_fields, pinned_settings
@@ -245,6 +246,29 @@ class RunFolder:
             return json.loads(self.identity_file.read_text())
         except FileNotFoundError:
             return None
+
+
+def continued_config(given: dict[str, Any], config_file: str | None = None) -> Config:
+    """The settings of a run, read one way by the command line, the notebooks (through it) and ``train()``: a
+    ``config_file`` when one is given; else, when ``output_dir`` holds a run, the run's recorded settings (its
+    config.json), so it continues as it started; then the settings ``given`` by name over them. Which process this
+    is (a ``launch`` setting) belongs to this launch alone, never to the record."""
+    given = dict(given)
+    saved = RunFolder(given.get("output_dir") or "").config_file
+    if config_file is None and given.get("output_dir") and saved.is_file():
+        config_file = str(saved)
+        for name, f in all_fields().items():
+            if f.metadata.get("launch"):
+                given.setdefault(name, f.default)
+    return Config.load(config_file, **given)
+
+
+def given_settings(config: Config) -> dict[str, Any]:
+    """The settings a Python caller's ``config`` gives: those set by name, and any it changed from what those imply
+    (an attribute assigned directly)."""
+    given = {key: config.get(key) for key in config.explicit}
+    implied = Config.from_dict(given).flat()
+    return {**given, **{key: value for key, value in config.flat().items() if value != implied[key]}}
 
 
 def run_identity(config: Config, model_config: BertConfig | ModernBertConfig, data_info) -> dict:

@@ -18,6 +18,7 @@ same file named by another path is not.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import logging
@@ -92,6 +93,8 @@ def plan_data(config: Config) -> DataPlan:
     vocab = Vocab.read(d.vocab_file)
     if vocab.is_tokenizer_json:
         _check_trainable_with_a_tokenizer_json(config)
+        config = _cased_by_the_tokenizer(config)
+        d = config.data
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     _check_not_the_corpus_folder(config.storage.output_dir, c.input, reader)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
@@ -117,9 +120,17 @@ def _check_trainable_with_a_tokenizer_json(config: Config) -> None:
             "ModernBERT trains masked-LM data only: next-sentence data made with it (the classic recipe) could be "
             "trained by neither family. Add --recipe modern (packed, MLM only) or --no_nsp; or give a vocab.txt for "
             "BERT's next-sentence data.")
-    if d.do_lower_case:
-        log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
-        d.do_lower_case = False
+
+
+def _cased_by_the_tokenizer(config: Config) -> Config:
+    """A tokenizer.json lower-cases (or not) by its own normaliser: the data's do_lower_case is off (a copy of
+    ``config`` says so; the caller's is unchanged)."""
+    if not config.data.do_lower_case:
+        return config
+    log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", config.data.vocab_file)
+    config = copy.deepcopy(config)
+    config.set("do_lower_case", False, source=f"{config.data.vocab_file}, a tokenizer.json")
+    return config
 
 
 def _check_not_the_corpus_folder(output_dir: str, inputs: list[str], reader: CorpusReader) -> None:

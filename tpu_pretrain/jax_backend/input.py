@@ -23,15 +23,12 @@ from collections import deque
 
 import numpy as np
 
-from ..core.checkpoints import list_checkpoints
 from ..core.example_ids import example_id
-from ..core.run_folder import SETTINGS_BEFORE_THEY_EXISTED, RunFolder
 from ..data.data_folder import corrupt_shard_error, feature_shapes
 from ..data.dynamic_masking import DynamicMasking, dynamic_mask
 from ..data.tfrecord import CorruptRecord, RecordFile, decode_examples
 from ..data.vocab import Vocab
 from ..errors import UserInputError
-from ..models.families import MODERNBERT, family_named
 
 # What a training step takes: the model's inputs and what the losses compare them with.
 BATCH_FEATURES = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
@@ -195,60 +192,12 @@ def eval_batches(files: list[str], batch_size: int, max_seq_length: int, max_pre
         yield to_model_dtypes(decoded(records, shard, record, shapes))
 
 
-def document_masks_wanted(config, recorded: dict | None, pairs: bool = False) -> bool:
-    """Whether a run keeps the documents of its packed rows apart (``document_masks``): ``on``/``off`` as said;
-    ``auto``: off for a run already started without the setting (``recorded``: its config.json, for continuity),
-    off for sentence-pair (NSP) data (``pairs``: the data's, whatever the recipe), else on for ModernBERT and for
-    the modern recipe."""
-    setting = config.train.document_masks
-    if setting != "auto":
-        return setting == "on"
-    if recorded is not None and "document_masks" not in recorded.get("train", {}):
-        return SETTINGS_BEFORE_THEY_EXISTED["document_masks"] == "on"
-    if pairs or not config.data.no_nsp:
-        return False
-    return family_named(config.model.model_family) is MODERNBERT or config.data.recipe == "modern"
-
-
 def document_separator(plan) -> int | None:
-    """The [SEP] id that ends documents when the run keeps them apart, else None; records the choice as ``on`` or
-    ``off`` in ``plan.config`` (the run's config.json gets it). NSP data with ``document_masks on`` is refused with
-    the NSP head, said once without it; a run resumed with the masks switched is refused (:func:`_trained_masks`)."""
-    config = plan.config
-    output_dir = config.storage.output_dir
-    recorded = RunFolder(output_dir).recorded_settings() if output_dir and "://" not in output_dir else None
-    pairs = not plan.data.settings.get("no_nsp", config.data.no_nsp)
-    trained = _trained_masks(config, recorded)
-    wanted = document_masks_wanted(config, recorded, pairs) if trained is None else trained == "on"
-    if wanted and not config.data.no_nsp:
-        raise UserInputError("document_masks on needs packed data without next-sentence pairs (create-data --recipe "
-                             "modern): in NSP pairs the [SEP] separates two halves that must see each other. Set "
-                             "--document_masks off.")
-    if wanted and pairs:
-        log.warning("document_masks on with sentence-pair data (%s was made with next-sentence pairs): each pair's "
-                    "[SEP] now ends a document, so its two segments never see each other. For packed documents "
-                    "make the data with `create-data --recipe modern`; to keep the pairs whole, set "
-                    "--document_masks off.", plan.data.data_dir or "the data")
-    config.train.document_masks = "on" if wanted else "off"
-    if not wanted:
+    """The [SEP] id that ends documents when the run keeps them apart (the resolver's ``document_masks``:
+    :mod:`..core.document_masks`), else None."""
+    if plan.config.train.document_masks != "on":
         return None
     return separator_id(plan.model_config, plan.vocab)
-
-
-def _trained_masks(config, recorded: dict | None) -> str | None:
-    """``on``/``off`` as a run with checkpoints trained them (its config.json), which ``auto`` continues; None for a
-    new run. Switching them on resume is refused: the steps left would train another model than the steps done."""
-    before = (recorded or {}).get("train", {}).get("document_masks")
-    output_dir = config.storage.output_dir
-    if before not in ("on", "off") or not list_checkpoints(RunFolder(output_dir).checkpoints):
-        return None
-    setting = config.train.document_masks
-    if setting not in ("auto", before):
-        raise UserInputError(
-            f"The run in {output_dir} trained with document_masks {before} (its config.json), and resuming it with "
-            f"--document_masks {setting} would train its remaining steps another way. Continue it with "
-            f"--document_masks {before} (or leave the setting unset), or start the run anew in a new output_dir.")
-    return before
 
 
 def separator_id(model_config, vocab: Vocab | str | None) -> int:

@@ -70,8 +70,8 @@ class JaxTrainer:
     _compiled_once = False  # whether a call was dispatched (where JAX does not count its compiled versions)
 
     def __init__(self, config: Config, devices: Devices | None = None, plan: RunPlan | None = None):
-        self.plan = plan or RunPlan.resolve(config)
-        self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
+        self.plan = plan or RunPlan.resolve(config, backend="jax")
+        self.data, self.model_config = self.plan.data, self.plan.model_config
         self.vocab, self.with_nsp = self.plan.vocab, self.plan.with_nsp
         t = self.config.train
         if devices is None:  # several processes join before JAX is used: then the mesh spans all their devices
@@ -83,6 +83,11 @@ class JaxTrainer:
         self.example_ids: list[tuple[int, list[int]]] = []
         self.train_batches = self.init_report = None
         self._build()
+
+    @property
+    def config(self) -> Config:
+        """The run's resolved settings: its plan's (a new plan on resume, or for another batch)."""
+        return self.plan.config
 
     # -- setup ------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -199,7 +204,7 @@ class JaxTrainer:
 
     def set_batch(self, batch: int, accumulation: int) -> None:
         """Global batches of ``batch`` in ``accumulation`` micro-batches (traced into the steps: compiled again)."""
-        self.config.train.train_batch_size, self.config.train.gradient_accumulation_steps = batch, accumulation
+        self.plan = self.plan.with_batch(batch, accumulation)
         self._compile()
 
     def lower_chunk(self, steps: int = 1):

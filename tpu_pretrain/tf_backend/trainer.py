@@ -48,8 +48,8 @@ class Trainer:
     _dispatched = False  # whether a call ran yet (the first one traces and compiles the loop)
 
     def __init__(self, config: Config, accelerator: Accelerator | None = None):
-        self.plan = RunPlan.resolve(config)
-        self.config, self.data, self.model_config = self.plan.config, self.plan.data, self.plan.model_config
+        self.plan = RunPlan.resolve(config, backend="tensorflow")
+        self.data, self.model_config = self.plan.data, self.plan.model_config
         self.vocab, self.with_nsp = self.plan.vocab, self.plan.with_nsp
         t = self.config.train
         self.accelerator = accelerator or detect_accelerator(
@@ -61,6 +61,11 @@ class Trainer:
         self.example_ids: list[tuple[int, list[int]]] = []
         self.init_report = None
         self._build()
+
+    @property
+    def config(self) -> Config:
+        """The run's resolved settings: its plan's (a new plan on resume)."""
+        return self.plan.config
 
     # -- setup ------------------------------------------------------------------------------------
     def _dynamic_masking(self) -> DynamicMasking | None:
