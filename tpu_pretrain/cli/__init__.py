@@ -5,11 +5,12 @@ keyword argument always share one name, and a subcommand offers exactly the sett
 step. Booleans accept ``--flag``, ``--flag=false`` (the old absl style of Google's scripts) and ``--noflag``.
 
 - ``parser``: the registry, flags, parsing, ``main`` and the exit codes (docs/command-line.md lists them).
-- ``pipeline``, ``models``, ``tpu``: the subcommands, registered when this package is imported.
+- ``pipeline`` (vocab to train), ``trained`` (evaluate, export, probe: on a trained model), ``tpu``: the subcommands,
+  registered when this package is imported.
 """
 
 # isort: off
-from . import pipeline, models, tpu  # noqa: F401  (each registers its subcommands, in the order --help lists them)
+from . import pipeline, trained, tpu  # noqa: F401  (each registers its subcommands, in the order --help lists them)
 # isort: on
 from .parser import (
     EXIT_BAD_INPUT,
