@@ -151,7 +151,8 @@ def _check_train(t) -> None:
              "use 0 or more, e.g. 0.01")
     _require(t.log_every_steps >= 1, "log_every_steps", t.log_every_steps, "use at least 1")
     _require(t.peak_tflops >= 0, "peak_tflops", t.peak_tflops, "use 0 (the published peak) or more, e.g. 197")
-    _require(t.eval_every_steps >= 0, "eval_every_steps", t.eval_every_steps, "use 0 (end only) or more")
+    _require(t.eval_every_steps >= -1, "eval_every_steps", t.eval_every_steps,
+             "use 0 (end only), a number of steps, or -1 (about ten evaluations over the run)")
     _require(t.max_eval_steps >= 1, "max_eval_steps", t.max_eval_steps, "use at least 1")
     _check_optimizer(t)
 

@@ -191,7 +191,8 @@ class TrainConfig(Section):
                                   steps=(TRAIN,))
     eval_batch_size: int = _f(0, "Global eval batch size (0: train_batch_size).", steps=(TRAIN, EVALUATE))
     max_eval_steps: int = _f(100, "Most eval batches per evaluation.", steps=(TRAIN, EVALUATE))
-    eval_every_steps: int = _f(1000, "Steps between evaluations on the eval shards (0: only at the end).",
+    eval_every_steps: int = _f(-1, "Steps between evaluations on the eval shards (0: only at the end; -1: about ten "
+                               "over the run, every 50 to 1,000 steps, often enough to see the held-out loss turn).",
                                steps=(TRAIN,))
     log_every_steps: int = _f(100, "Steps between TensorBoard scalars and log lines.", steps=(TRAIN,))
     peak_tflops: float = _f(0.0, "Dense peak TFLOP/s of all the devices training together, at the training "

@@ -4,7 +4,13 @@ turn (the step to keep) and a perplexity worse than a uniform guess at the end."
 import logging
 from types import SimpleNamespace
 
-from tpu_pretrain.core.overfit import HeldOutWatch, passes_warning, perplexity_note, turn_warning
+from tpu_pretrain.core.overfit import (
+    HeldOutWatch,
+    auto_eval_every_steps,
+    passes_warning,
+    perplexity_note,
+    turn_warning,
+)
 
 
 def test_many_passes_over_little_data_are_said_at_the_start():
@@ -13,10 +19,14 @@ def test_many_passes_over_little_data_are_said_at_the_start():
     assert said.startswith("num_train_steps=1000 x train_batch_size=32 reads the 1,839 training sequences in "
                            "run/data 17.4 times: on this little data the held-out loss will likely stop falling and "
                            "turn up (overfitting)")
-    assert "about 229 steps (4 passes)" in said and "--eval_every_steps 50 evaluates often enough" in said
-    assert "--eval_every_steps" not in passes_warning(1000, 32, 1839, 50)  # already often enough
+    assert "about 229 steps (4 passes)" in said and "--eval_every_steps 100 evaluates often enough" in said
+    assert "--eval_every_steps" not in passes_warning(1000, 32, 1839, 100)  # already often enough, as -1 makes it
     assert passes_warning(1000, 32, 100_000, 1000) == ""  # a third of a pass
     assert passes_warning(1000, 32, None, 1000) == ""  # unknown
+
+
+def test_the_automatic_eval_cadence_sees_a_short_run_turn_and_costs_a_long_one_little():
+    assert [auto_eval_every_steps(n) for n in (12, 400, 1000, 30_000, 1_000_000)] == [50, 50, 100, 1000, 1000]
 
 
 def test_a_turned_held_out_loss_names_the_step_to_keep():

@@ -67,12 +67,13 @@ def test_the_command_line_and_train_continue_a_run_identically(data_dir, tmp_pat
 
 
 def test_a_resolved_plan_refuses_edits_and_a_resumed_run_is_a_new_plan(data_dir, tmp_path):
-    """The resolver decides every automatic setting once (warmup -1, document masks auto, the backend) and freezes
-    them; re-planning the schedule from a checkpoint's record returns another plan and leaves this one as it was."""
+    """The resolver decides the automatic settings once (warmup and eval cadence -1, document masks auto, the
+    backend) and freezes them; re-planning the schedule from a checkpoint's record returns another plan and leaves
+    this one as it was."""
     plan = RunPlan.resolve(Config.load(data_dir=data_dir, output_dir=str(tmp_path / "run"), model_size="L2-H128",
                                        train_batch_size=8, num_train_steps=100), backend="jax")
     t = plan.config.train
-    assert (t.backend, t.document_masks, t.num_warmup_steps) == ("jax", "on", 10)
+    assert (t.backend, t.document_masks, t.num_warmup_steps, t.eval_every_steps) == ("jax", "on", 10, 50)
     with pytest.raises(dataclasses.FrozenInstanceError, match="resolved and frozen"):
         plan.config.train.num_warmup_steps = 0
     with pytest.raises(dataclasses.FrozenInstanceError):

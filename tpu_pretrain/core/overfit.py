@@ -14,6 +14,12 @@ PASSES_WARNED = 4.0  # more passes than this over the same sequences: a small co
 ROSE_BY = 0.02  # a held-out loss this much (and 1%) above its best has turned, not wobbled
 
 
+def auto_eval_every_steps(num_train_steps: int) -> int:
+    """``eval_every_steps`` -1: about ten evaluations over the run, every 50 to 1,000 steps (a short run sees its
+    held-out loss turn; a long one spends little of its time evaluating)."""
+    return min(1000, max(50, num_train_steps // 10))
+
+
 def passes_over_data(num_train_steps: int, train_batch_size: int, train_instances: int | None) -> float | None:
     """How many times the run reads its training sequences (steps x batch / sequences); None where unknown."""
     if not train_instances or num_train_steps <= 0:
@@ -28,7 +34,7 @@ def passes_warning(num_train_steps: int, train_batch_size: int, train_instances:
     if passes is None or passes <= PASSES_WARNED:
         return ""
     where = f" in {data_dir}" if data_dir else ""
-    cadence = max(1, num_train_steps // 20)
+    cadence = auto_eval_every_steps(num_train_steps)
     see = ("" if 0 < eval_every_steps <= cadence else
            f"; --eval_every_steps {cadence} evaluates often enough to see the turn")
     return (f"num_train_steps={num_train_steps} x train_batch_size={train_batch_size} reads the {train_instances:,} "

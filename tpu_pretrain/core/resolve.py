@@ -23,6 +23,7 @@ from ..models.modernbert_config import (
     vocab_token_ids,
 )
 from .document_masks import decide_document_masks
+from .overfit import auto_eval_every_steps
 from .run_folder import RunFolder
 from .schedules import Schedule, planned, resume
 
@@ -175,6 +176,10 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
         t.num_warmup_steps = auto_warmup_steps(t.num_train_steps)
         log.info("num_warmup_steps=%d: 10%% of num_train_steps=%d, at most 10,000 (set --num_warmup_steps to "
                  "choose).", t.num_warmup_steps, t.num_train_steps)
+    if t.eval_every_steps < 0:
+        t.eval_every_steps = auto_eval_every_steps(t.num_train_steps)
+        log.info("eval_every_steps=%d: about ten evaluations over num_train_steps=%d, every 50 to 1,000 steps (set "
+                 "--eval_every_steps to choose; 0: at the end only).", t.eval_every_steps, t.num_train_steps)
     return resolved
 
 
