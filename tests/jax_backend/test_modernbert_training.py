@@ -383,3 +383,42 @@ def test_a_run_continued_keeps_its_positions(data, reference, tmp_path):
     assert RunPlan.resolve(Config.load(**settings, output_dir=str(older))).model_config.max_position_embeddings == 512
     fresh = RunPlan.resolve(Config.load(**settings, output_dir=str(tmp_path / "new")))
     assert fresh.model_config.max_position_embeddings == 8192
+
+
+RELEASED = 8192
+
+
+def test_modernbert_smoke_at_8192_from_the_command_line(data, jax_cache, tmp_path):
+    """ModernBERT at its released length, a smoke through every step of the command line: ``create-data
+    --max_seq_length 8192``, ``train`` (2 steps), ``train`` again to continue (a third step), ``evaluate``, ``export``
+    loaded by transformers to the same logits at positions past 4,096."""
+    from tpu_pretrain.export.rebuild import load_trained_model
+
+    long_data, run, folder = tmp_path / "data", tmp_path / "run", tmp_path / "hf"
+    assert main(["create-data", "--recipe", "modern", "--input", str(data / "corpus.txt"), "--vocab_file",
+                 str(data / "vocab.txt"), "--output_dir", str(long_data), "--max_seq_length", str(RELEASED),
+                 "--dupe_factor", "3", "--eval_fraction", "0.2", "--workers", "1"]) == 0
+    command = train_command(long_data, run)[3:]
+    for flag, value in (("--train_batch_size", "1"), ("--num_train_steps", "2"), ("--steps_per_execution", "1")):
+        command[command.index(flag) + 1] = value
+    assert main(command) == 0
+    command[command.index("--num_train_steps") + 1] = "3"
+    assert main([*command, "--rewarm_steps", "1"]) == 0  # its rate had decayed to 0: a new phase, one step
+    assert (run / "checkpoints" / "ckpt-000000003").is_dir()
+    assert main(["evaluate", str(run), "--output", str(tmp_path / "evaluation.json")]) == 0
+    assert np.isfinite(json.loads((tmp_path / "evaluation.json").read_text())["metrics"]["mlm_loss"])
+
+    assert main(["export", str(run), "--format", "hf", "--output", str(folder)]) == 0
+    model = transformers.ModernBertForMaskedLM.from_pretrained(folder, attn_implementation="eager")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    text = " ".join((data / "corpus.txt").read_text(encoding="utf-8").split())
+    ids = tokenizer([text], max_length=RELEASED, truncation=True, return_tensors="np")["input_ids"].astype(np.int32)
+    assert ids.shape == (1, RELEASED)
+    positions = np.flatnonzero(ids[0] > tokenizer.sep_token_id)[::97][-16:][None].astype(np.int32)
+    assert positions.min() > 4096
+    ids[0, positions[0]] = tokenizer.mask_token_id
+    with torch.no_grad():
+        logits = model.eval()(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    theirs = np.take_along_axis(logits, positions[:, :, None], axis=1)
+    ours = load_trained_model(run).model.outputs(ids, np.zeros_like(ids), positions)[0]
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
