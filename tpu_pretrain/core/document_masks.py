@@ -33,7 +33,23 @@ def decide_document_masks(config, data, backend: str | None) -> str:
                     "[SEP] now ends a document, so its two segments never see each other. For packed documents "
                     "make the data with `create-data --recipe modern`; to keep the pairs whole, set "
                     "--document_masks off.", data.data_dir or "the data")
+    if config.train.document_masks == "auto":
+        log.info("document_masks=%s: %s (set --document_masks to choose).", "on" if wanted else "off",
+                 _why(config, recorded, pairs, trained))
     return "on" if wanted else "off"
+
+
+def _why(config, recorded: dict | None, pairs: bool, trained: str | None) -> str:
+    """Why ``auto`` decided as it did, in the words of :func:`document_masks_wanted`."""
+    if trained is not None:
+        return "as this run trained so far (its config.json)"
+    if recorded is not None and "document_masks" not in recorded.get("train", {}):
+        return "this run started before the setting existed, without them"
+    if pairs or not config.data.no_nsp:
+        return "sentence-pair data, whose [SEP] joins two halves that see each other"
+    if family_named(config.model.model_family) is MODERNBERT or config.data.recipe == "modern":
+        return "packed documents (the modern recipe, ModernBERT) attend within their own document"
+    return "no packed documents to keep apart"
 
 
 def document_masks_wanted(config, recorded: dict | None, pairs: bool = False) -> bool:
