@@ -213,3 +213,16 @@ def test_the_layout_page_describes_every_module():
     missing = [f"{path.relative_to(PACKAGE)}" for path in PACKAGE.rglob("*.py")
                if path.name not in ("__init__.py", "__main__.py") and path.name not in section]
     assert not missing, f"docs/layout.md does not mention: {missing}"
+
+
+def test_every_package_docstring_names_its_modules():
+    """Each package's ``__init__`` docstring names every module and subpackage in it as ``name`` (with a few words on
+    what it is for), the top level included, so a new module cannot arrive unannounced where a reader looks first."""
+    missing = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        folder = init.parent
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        members = [path.stem for path in folder.glob("*.py") if not path.stem.startswith("__")]
+        members += [path.name for path in folder.iterdir() if (path / "__init__.py").is_file()]
+        missing += [f"{module_name(init)}: ``{name}``" for name in sorted(members) if f"``{name}``" not in docstring]
+    assert not missing, "package docstrings that do not name their module or subpackage:\n" + "\n".join(missing)

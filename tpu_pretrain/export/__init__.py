@@ -7,6 +7,10 @@
 - ``writers``: the Hugging Face folder and Google's original TF checkpoint.
 - ``plots``: the loss and accuracy curves from the TensorBoard logs.
 - ``probe``: is the encoder any good: a small labelled task, pretrained against random initialisation.
+- ``blimp``: ``evaluate --blimp``: BLiMP's minimal pairs scored by pseudo-log-likelihood.
+- ``blimp_results``: BLiMP's figures beside random inits of the model's shape, the summary printed, ``blimp.json``.
+- ``folder``: what every export shares: the destination checked, the folder swapped in, the tokenizer files.
+- ``hf_modernbert``: ModernBERT as a transformers folder, written, and read back for continued pretraining.
 """
 
 # The export formats, the heads a Hugging Face export may carry and the probe's modes (here, so the CLI can

@@ -7,6 +7,19 @@ transfers are verified by crc32c. Nothing here ever makes a bucket or object pub
     from tpu_pretrain import storage
     storage.write_text("gs://my-bucket/run1/config.json", text)
     storage.sync("run1/checkpoints", "gs://my-bucket/run1/checkpoints")
+
+- ``local``: local folders (and Drive, mounted as one): atomic writes, listings.
+- ``drive``: Google Drive on Colab: mounting on request, free space, deletions that free the quota.
+- ``drive_api``: the Drive API's ``files.get`` and ``files.delete`` (permanent), with the user's sign-in.
+- ``gcs``: Cloud Storage URLs, the shared client and its retries, folder-like operations on objects.
+- ``objects``: one file up or down, verified: single and resumable uploads, checksummed downloads.
+- ``sliced``: one large file moved as parallel slices: composite uploads, ranged downloads.
+- ``transfer``: parallel, retried, verified copies of files and folders; what is already identical is skipped.
+- ``download``: corpus URLs (``https://``, ``gs://``) fetched once into the local cache, resumed, checksummed.
+- ``auth``: credentials for Cloud Storage that fit each place (emulator, key file, Colab, defaults), no secret shown.
+- ``security``: ``storage-check``: public access found, what the credentials can do probed, least-privilege commands.
+- ``checksums``: CRC32C in Cloud Storage's format, for files and streams.
+- ``errors``: storage errors a user can act on, each naming the object, the cause and the fix.
 """
 
 from __future__ import annotations
