@@ -22,8 +22,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
-from tpu_pretrain.jax_backend.documents import document_ids, document_positions  # noqa: E402
 from tpu_pretrain.core.document_masks import document_masks_wanted  # noqa: E402
+from tpu_pretrain.jax_backend.documents import document_ids, document_positions  # noqa: E402
 from tpu_pretrain.jax_backend.model import build_model  # noqa: E402
 from tpu_pretrain.jax_backend.modernbert import build_modernbert  # noqa: E402
 from tpu_pretrain.models.bert_config import BertConfig  # noqa: E402

@@ -2,11 +2,10 @@
 
 Two passes keep memory bounded whatever the corpus size:
 
-1. *Partition* (one process, streaming): read and normalise the corpus, deal documents round-robin
-   into per-shard work files (held-out documents into eval shards).
-2. *Shards* (worker processes): each shard is read back in blocks of documents, tokenised, turned
-   into instances ``dupe_factor`` times, shuffled within the block, and written under a temporary
-   name that is renamed when the shard is complete.
+1. *Partition* (one process, streaming): read and normalise the corpus, deal documents round-robin into per-shard
+   work files (held-out documents into eval shards).
+2. *Shards* (worker processes): each shard is read back in blocks of documents, tokenised, turned into instances
+   ``dupe_factor`` times, shuffled within the block, and written under a name renamed when the shard is complete.
 
 A shard depends only on its documents, the seed and its index, so the output is byte-identical
 whatever the number of workers. A re-run skips complete shards (checked against their checksums)
@@ -89,12 +88,10 @@ def check_required(config: Config) -> None:
 def plan_data(config: Config) -> DataPlan:
     """Check the settings, open the corpus (URLs fetched) and fix the settings that pin the shards."""
     check_required(config)
-    d, c = config.data, config.corpus
-    vocab = Vocab.read(d.vocab_file)
+    vocab = Vocab.read(config.data.vocab_file)
     if vocab.is_tokenizer_json:
-        _check_trainable_with_a_tokenizer_json(config)
-        config = _cased_by_the_tokenizer(config)
-        d = config.data
+        config = _with_a_tokenizer_json(config)
+    d, c = config.data, config.corpus
     reader = CorpusReader(c.input, c, do_lower_case=d.do_lower_case)
     _check_not_the_corpus_folder(config.storage.output_dir, c.input, reader)
     settings = {key: config.get(key) for key in pinned_settings(DATA)}
@@ -110,9 +107,10 @@ def plan_data(config: Config) -> DataPlan:
     return DataPlan(config, config.storage.output_dir, reader, settings, inputs, identity, vocab)
 
 
-def _check_trainable_with_a_tokenizer_json(config: Config) -> None:
-    """Data made with a tokenizer.json is ModernBERT's (BERT takes a vocab.txt), and ModernBERT trains MLM only:
-    next-sentence data made with one could be trained by neither."""
+def _with_a_tokenizer_json(config: Config) -> Config:
+    """Data made with a tokenizer.json is ModernBERT's (BERT takes a vocab.txt), which trains MLM only: next-sentence
+    data made with one could be trained by neither family. The tokenizer lower-cases (or not) by its own normaliser:
+    a copy of ``config`` has do_lower_case off (the caller's is unchanged)."""
     d = config.data
     if not (d.no_nsp or d.pack_sequences):
         raise UserInputError(
@@ -120,16 +118,11 @@ def _check_trainable_with_a_tokenizer_json(config: Config) -> None:
             "ModernBERT trains masked-LM data only: next-sentence data made with it (the classic recipe) could be "
             "trained by neither family. Add --recipe modern (packed, MLM only) or --no_nsp; or give a vocab.txt for "
             "BERT's next-sentence data.")
-
-
-def _cased_by_the_tokenizer(config: Config) -> Config:
-    """A tokenizer.json lower-cases (or not) by its own normaliser: the data's do_lower_case is off (a copy of
-    ``config`` says so; the caller's is unchanged)."""
-    if not config.data.do_lower_case:
+    if not d.do_lower_case:
         return config
-    log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", config.data.vocab_file)
+    log.info("do_lower_case is off: %s lower-cases (or not) by its own normaliser.", d.vocab_file)
     config = copy.deepcopy(config)
-    config.set("do_lower_case", False, source=f"{config.data.vocab_file}, a tokenizer.json")
+    config.set("do_lower_case", False, source=f"{d.vocab_file}, a tokenizer.json")
     return config
 
 
