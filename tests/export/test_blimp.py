@@ -6,24 +6,18 @@ command line on the trained run: random inits of its shape scored beside it with
 in a terminal (a pseudo-terminal here) and as a few log lines elsewhere, and one name per field."""
 
 import dataclasses
-import fcntl
 import json
 import logging
-import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
 import textwrap
-import time
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fault_injection import ENV, sample_data
+from terminal import run_in_terminal
 
 from tpu_pretrain.cli import main
 from tpu_pretrain.errors import UserInputError
@@ -186,36 +180,11 @@ def test_progress_in_a_log_is_a_few_lines_with_no_bar(modernbert_run):
     assert len(lines) <= 4 and "\r" not in logged and "%|" not in logged, lines
 
 
-def run_in_terminal(args: list[str], timeout: float = 600) -> tuple[int, str]:
-    """``tpu-pretrain ARGS`` with a pseudo-terminal of 120 columns for its stdin, stdout and stderr, as a user's
-    shell runs it: its exit code and everything it wrote there."""
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    process = subprocess.Popen([sys.executable, "-m", "tpu_pretrain", *args], stdin=follower, stdout=follower,
-                               stderr=follower, env=ENV, close_fds=True)
-    os.close(follower)
-    chunks, deadline = [], time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if select.select([leader], [], [], 1.0)[0]:
-                try:
-                    chunk = os.read(leader, 65536)
-                except OSError:  # EIO: every writer has closed the terminal
-                    break
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        else:
-            process.kill()
-    finally:
-        os.close(leader)
-    return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
-
-
 def test_progress_in_a_terminal_is_one_bar_over_the_model_and_its_random_inits(modernbert_run, tmp_path):
     run = modernbert_run[0]
-    code, shown = run_in_terminal(["evaluate", str(run), "--blimp", str(SUBSET), "--blimp_pairs", "1",
-                                   "--blimp_random_inits", "2", "--output", str(tmp_path / "results")])
+    code, shown = run_in_terminal([sys.executable, "-m", "tpu_pretrain", "evaluate", str(run), "--blimp", str(SUBSET),
+                                   "--blimp_pairs", "1", "--blimp_random_inits", "2", "--output",
+                                   str(tmp_path / "results")])
     assert code == 0, shown[-3000:]
     assert "BLiMP, the model" in shown and "BLiMP, random init 2 of 2" in shown and " masked" in shown, shown[-3000:]
     assert "100%|" in shown and "\r" in shown  # redrawn in place, and it reached the end

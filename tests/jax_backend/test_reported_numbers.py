@@ -5,17 +5,15 @@ data, ``0.0 examples/s``, a ``(0.000)`` probability, an NSP accuracy that is onl
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
-import termios
 
 import pytest
 from fault_injection import ENV, sample_data
+from terminal import in_a_terminal
 
 from tpu_pretrain.core.metrics import eval_random_next_share, format_metrics
 from tpu_pretrain.data.data_folder import read_manifest
@@ -28,26 +26,6 @@ def train_args(data_dir, run, *extra) -> list[str]:
             "--output_dir", str(run), "--model_size", "L2-H128", "--train_batch_size", "8", "--num_train_steps",
             str(STEPS), "--num_warmup_steps", "2", "--learning_rate", "1e-3", "--eval_every_steps", "0",
             "--save_checkpoints_steps", str(STEPS), "--session_hours", "-1", *extra]
-
-
-def in_a_terminal(command: list[str], columns: int = 220) -> str:
-    """What ``command`` writes to a pseudo-terminal (stdout and stderr), read until it exits."""
-    leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    process = subprocess.Popen(command, stdin=follower, stdout=follower, stderr=follower, env=ENV)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the terminal's other end is closed, the process gone
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    assert process.wait(timeout=600) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
-    return b"".join(chunks).decode(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +43,7 @@ def test_a_terminal_gets_a_live_bar_and_training_and_evaluate_report_one_figure(
     assert sequences > batch
     assert sequences < 100 * batch  # max_eval_steps' default reads them all
     out = in_a_terminal(train_args(nsp_data, run, "--recipe", "classic", "--steps_per_execution", "1",
-                                   "--eval_batch_size", str(batch), "--log_every_steps", "6"))
+                                   "--eval_batch_size", str(batch), "--log_every_steps", "6"), columns=220)
     assert "Recipe: classic (as configured: Google's BERT recipe" in out
     bars = re.findall(r"training: +(\d+)%\|[^|]*\| (\d+)/12 steps", out)  # the notebooks' bar, redrawn in place
     assert bars and bars[-1] == ("100", "12") and "\r" in out, out[-2000:]

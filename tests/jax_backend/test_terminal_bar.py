@@ -5,16 +5,12 @@ reports 0 columns still gets a bar and a line (80 columns assumed), not a collap
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
-import struct
-import subprocess
 import sys
-import termios
 
 import pytest
-from fault_injection import ENV, sample_data
+from fault_injection import sample_data
+from terminal import in_a_terminal
 
 pytest.importorskip("jax")
 
@@ -25,28 +21,6 @@ FRAME = re.compile(r"\r(step \d+/\d+:[^\r\n\x1b]*?) *\x1b\[A")  # the line under
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return sample_data(tmp_path_factory.mktemp("bar"), max_chars=20_000, num_shards=1, recipe="modern")
-
-
-def in_a_terminal(command: list[str], columns: int) -> str:
-    """What ``command`` writes to a pseudo-terminal ``columns`` wide (stdout and stderr), read until it exits."""
-    leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = {key: value for key, value in ENV.items() if key not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen(command, stdin=follower, stdout=follower, stderr=follower, env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the other end is closed, the process gone
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    out = b"".join(chunks).decode(errors="replace")
-    assert process.wait(timeout=600) == 0, out[-3000:]
-    return out
 
 
 def screen(out: str, columns: int) -> list[str]:
