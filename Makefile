@@ -15,7 +15,7 @@ TPU_STACK_TESTS := tests/tf_backend/test_model.py tests/tf_backend/test_training
 	tests/test_tpu_stack.py
 TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
-.PHONY: install test test-main test-tpu-stack lint demo clean install-jax-stack test-jax-stack install-tpu-images \
+.PHONY: install test test-main test-others test-tpu-stack lint demo clean install-jax-stack test-jax-stack install-tpu-images \
 	test-tpu-images
 
 install: $(STAMP)
@@ -32,11 +32,15 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(REQUIREMENTS)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# The four jobs run two at a time: the main suite beside the JAX job, then the two TPU images and the TPU stack's
-# job, so that one job's installs, process starts and waits overlap the other's work on a 2-core machine (each job's
-# output is printed whole when it ends). docs/development.md has the times.
-test:
-	$(MAKE) -j2 --output-sync=target test-main test-jax-stack test-tpu-images test-tpu-stack
+# Two lines of work side by side, so that one's installs, process starts and waits overlap the other's work on a
+# 2-core machine: the main suite (the longest job), and the JAX job, the two TPU images and the TPU stack's job one
+# after another. .venv is built first (both lines use it); each line's output is printed whole when it ends.
+# docs/development.md has the times.
+test: $(STAMP)
+	$(MAKE) -j2 --output-sync=target test-main test-others
+
+test-others:
+	$(MAKE) -j1 test-jax-stack test-tpu-images test-tpu-stack
 
 test-main: lint
 	$(BIN)/python -m pytest -q -ra; rc=$$?; \
