@@ -55,6 +55,7 @@ def test_the_plan_lowers_the_function_the_trainer_calls_from_settings_alone(data
     import jax
 
     from tpu_pretrain.jax_backend.devices import Devices
+    from tpu_pretrain.jax_backend.plan import lower_step
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     trainer = JaxTrainer(Config.load(**trained_settings(data_dir, tmp_path / "run")))
@@ -79,6 +80,7 @@ def test_the_plan_lowers_the_function_the_trainer_calls_from_settings_alone(data
     plan_trainer = JaxTrainer(planned.config, devices=abstract, plan=planned)
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(plan_trainer.state))
     assert plan_trainer.lower_chunk(2).as_text() == trained
+    assert lower_step(plan_trainer).as_text() == lower_step(trainer).as_text()  # the loop's body, which plan compiles
 
 
 def test_a_modernbert_is_planned_before_its_vocab_exists():

@@ -32,6 +32,15 @@ class TokenEmbedding(keras.layers.Embedding):
             self.built = True
 
 
+def token_embedding(*args, **kwargs) -> keras.layers.Embedding:
+    """The token table's layer: :class:`TokenEmbedding` on a GPU, where its float32 scatter-add is the fix; Keras's
+    own elsewhere. A TPU adds bfloat16 rows without that serialisation, and its compiler, given the float32 gather in
+    a step sharded over several chips, reports no temporaries at all (0 bytes on a v5e-8 where Keras's layer gives
+    9.8 MB), so ``tpu-pretrain plan`` would undercount the step's memory. The weights are float32 either way."""
+    kind = TokenEmbedding if jax.default_backend() == "gpu" else keras.layers.Embedding
+    return kind(*args, **kwargs)
+
+
 class OneHotEmbedding(keras.layers.Embedding):
     """A small table (segments, positions) looked up as one-hot rows times the table: its gradient is a matmul
     instead of a scatter-add of every token into a few rows (what TPU BERT has always done for such tables)."""

@@ -41,7 +41,7 @@ from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from . import splash  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows  # noqa: E402
+from .lookups import OneHotEmbedding, one_hot_rows, token_embedding  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 # How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
@@ -100,7 +100,7 @@ class _Factory:
         return keras.layers.LayerNormalization(epsilon=1e-12, name=name, dtype=self.dtype)
 
     def embedding(self, rows: int, width: int, name: str, one_hot: bool = False):
-        kind = OneHotEmbedding if one_hot else TokenEmbedding
+        kind = OneHotEmbedding if one_hot else token_embedding
         return kind(rows, width, embeddings_initializer=self.init(), name=name, dtype=self.dtype)
 
     def dropout(self, rate: float):

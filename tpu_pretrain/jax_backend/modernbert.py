@@ -42,13 +42,13 @@ from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .model import (  # noqa: E402
     Bias,
-    TokenEmbedding,
     activation,
     attention_mask,
     attention_path,
     masked_attention,
     one_hot_rows,
     say_path,
+    token_embedding,
 )
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
@@ -172,7 +172,7 @@ class PretrainingModernBert(keras.Model):
         make = _Make(config, dtype)
         self.config, self.attention, self.with_nsp = config, attention_path(attention), False
         h = config.hidden_size
-        self.token_embedding = TokenEmbedding(
+        self.token_embedding = token_embedding(
             config.vocab_size, h, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=make.std_in),
             name="tok_embeddings", dtype=dtype)
         self.embedding_norm = make.norm("embedding_norm")

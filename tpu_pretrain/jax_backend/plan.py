@@ -2,15 +2,16 @@
 
 JAX describes a TPU slice without owning it (``jax.experimental.topologies``, with libtpu installed: ``pip install
 'jax[tpu]'`` works on any Linux x86-64 machine). The real trainer is built on the CPU, its state and input become
-shapes sharded over the slice's devices (:meth:`.trainer.JaxTrainer.lower_chunk`), and the TPU compiler compiles the
-very function a run calls: what it reports (memory per device, FLOPs) is the chip's answer, not an estimate. On a TPU
+shapes sharded over the slice's devices, and the TPU compiler compiles the very step a run's call loops over
+(:func:`lower_step`): what it reports (memory per device, FLOPs) is the chip's answer, not an estimate. On a TPU
 VM the target ``local`` compiles for the chips present. When the settings do not fit, the largest per-device batch
 that does is found by compiling (a line through two compiles predicts it, compiles confirm it), and so is the gradient
 accumulation that keeps the asked-for global batch.
 
-One step per call is compiled (a longer ``lax.scan`` takes the compiler far longer and needs the same temporaries);
-the input of ``steps_per_execution`` steps, and the calls' worth the trainer places ahead, are added to the memory
-from their shapes.
+One step is compiled, the body of the call's loop (:func:`.step.train_chunk`), not the loop itself: the TPU
+compiler reports no temporaries for what runs inside a while loop (0 bytes where the step alone needs 11 MB), and
+every step of a call needs the same. The input of ``steps_per_execution`` steps, and the calls' worth the trainer
+places ahead, are added to the memory from their shapes.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def compile_step(trainer, batch: int, accumulation: int, capacity: int) -> StepC
     input_bytes = sum(s.size * s.dtype.itemsize for s in chunk.values()) // trainer.devices.num_replicas
     start = time.perf_counter()
     try:
-        compiled = trainer.lower_chunk(1).compile()
+        compiled = lower_step(trainer).compile()
     except Exception as exc:  # the compiler's own error, reported as the plan's answer
         message = str(exc).strip()
         needed = oom_bytes(message)
@@ -150,6 +151,23 @@ def compile_step(trainer, batch: int, accumulation: int, capacity: int) -> StepC
               "output": max(0, stats.output_size_in_bytes - stats.alias_size_in_bytes),
               "program": stats.generated_code_size_in_bytes}
     return StepCompile(batch, accumulation, seconds, capacity, memory=memory, flops=(cost or {}).get("flops"))
+
+
+def lower_step(trainer):
+    """One step of the trainer's training call (the body its loop runs) lowered from shapes for its devices, its
+    state donated and its outputs placed as in the call."""
+    import functools
+
+    import jax
+
+    from .step import train_step
+
+    batch = {name: jax.ShapeDtypeStruct(shape.shape[1:], shape.dtype, sharding=trainer.devices.split(axis=0))
+             for name, shape in trainer.chunk_shapes(1).items()}
+    replicated = trainer.devices.replicated()
+    step = jax.jit(functools.partial(train_step, trainer.spec), donate_argnums=(0,),
+                   out_shardings=(replicated, replicated))
+    return step.lower(trainer.state, batch)
 
 
 def state_bytes(trainer) -> int:
