@@ -15,7 +15,7 @@ TPU_STACK_TESTS := tests/tf_backend/test_model.py tests/tf_backend/test_training
 	tests/test_tpu_stack.py
 TPU_STACK_SKIP := not test_real_text_mlm_accuracy_rises
 
-.PHONY: install test test-main test-others test-tpu-stack lint demo clean install-jax-stack test-jax-stack install-tpu-images \
+.PHONY: install test test-tpu-stack lint demo clean install-jax-stack test-jax-stack install-tpu-images \
 	test-tpu-images
 
 install: $(STAMP)
@@ -32,19 +32,10 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(REQUIREMENTS)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Two lines of work side by side, so that one's installs, process starts and waits overlap the other's work on a
-# 2-core machine: the main suite (the longest job), and the JAX job, the two TPU images and the TPU stack's job one
-# after another. .venv is built first (both lines use it); each line's output is printed whole when it ends.
-# docs/development.md has the times.
-test: $(STAMP)
-	$(MAKE) -j2 --output-sync=target test-main test-others
-
-test-others:
-	$(MAKE) -j1 test-jax-stack test-tpu-images test-tpu-stack
-
-test-main: lint
+test: lint
 	$(BIN)/python -m pytest -q -ra; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+	$(MAKE) test-tpu-stack
 
 # The TPU environment, built by the code the notebooks run on a TPU VM (reused while its files are unchanged),
 # then the demo and the tests with the TPU build on the CPU (the package sets TPU_LOAD_LIBRARY=0 off a TPU VM).
@@ -57,7 +48,8 @@ test-tpu-stack: $(STAMP)
 # -- The JAX backend without TensorFlow or bert4keras, as on Colab's TPU image: .venv-jax --------------
 # Keras 3 + JAX (CPU) and what the package's training and export need; the package itself with --no-deps
 # (its notebook dependencies are not needed here). `make test` runs these tests too (they add ~2 min of install on a
-# fresh clone and ~15 min of tests, beside the main suite's).
+# fresh clone and ~15 min of tests). Run beside the main suite (make -j2), both suites are CPU-bound on two cores and
+# the whole took longer, not shorter: the jobs run one after another.
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
 JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2" "tokenizers>=0.20" "jieba>=0.42" \
@@ -77,6 +69,7 @@ $(JAX_STAMP): setup.cfg pyproject.toml Makefile
 test-jax-stack: $(JAX_STAMP)
 	$(JAX_VENV)/bin/python -m pytest -q -ra tests/jax_backend
 
+test: test-jax-stack
 
 # -- The free TPUs' images, package for package, on the CPU: .venv-colab (Python 3.13) and .venv-kaggle (3.12) -------
 # Each built from its pins (tests/environments/*.txt) with the project installed into it as a user would; there the
@@ -94,6 +87,7 @@ test-tpu-images: install-tpu-images
 	TPU_PRETRAIN_IMAGE=colab .venv-colab/bin/python -m pytest -q -ra -p no:cacheprovider $(IMAGE_TESTS)
 	TPU_PRETRAIN_IMAGE=kaggle .venv-kaggle/bin/python -m pytest -q -ra -p no:cacheprovider $(IMAGE_TESTS)
 
+test: test-tpu-images
 
 # -- The demo's own environment, .venv-demo: the package and the JAX backend (Keras 3 on JAX, CPU), nothing else ----
 # (no TensorFlow, PyTorch, transformers, Beam, ruff or storage emulator: the demo uses none of them; `make test` keeps
