@@ -81,9 +81,9 @@ def _locate_cache() -> bool:
         return False
 
 
-def share_notice(flag) -> None:
-    """Say the compile notice only where ``flag`` (a ``multiprocessing.Value`` the worker processes share) is still
-    0, and set it: one line for create-data's workers compiling at once, not one each."""
+def share_notice(flag: str | None) -> None:
+    """Say the compile notice only in the process that creates ``flag`` (a file path the worker processes share):
+    one line for create-data's workers compiling at once, not one each."""
     _notice["shared"] = flag
 
 
@@ -94,10 +94,10 @@ def _say_compiling() -> None:
     _notice["said"] = True
     shared = _notice["shared"]
     if shared is not None:
-        with shared.get_lock():
-            if shared.value:
-                return
-            shared.value = 1
+        try:
+            os.close(os.open(shared, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
     when = "once per machine" if _cache_ok else "at each start: no folder can keep the compiled code"
     print(COMPILING.format(when=when), file=sys.stderr, flush=True)  # a worker process has no logging set up
 

@@ -22,11 +22,11 @@ import errno
 import json
 import logging
 import math
-import multiprocessing
 import os
 import random
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -269,9 +269,9 @@ def _worker_count(workers: int, shards: int) -> int:
 
 
 def _worker_pool(stack: contextlib.ExitStack, workers: int) -> ShardPool:
-    # one compile notice between the workers; held while the pool lives (a worker unpickles it as it starts)
-    compile_notice = stack.enter_context(contextlib.nullcontext(multiprocessing.get_context("spawn").Value("b", 0)))
-    return stack.enter_context(ShardPool(workers, worker_init, (workers, compile_notice)))
+    # one compile notice between the workers: the first to create this file says it (no semaphore to leak on SIGTERM)
+    notice = os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="tpu-pretrain-")), "compile-said")
+    return stack.enter_context(ShardPool(workers, worker_init, (workers, notice)))
 
 
 def auto_num_shards(corpus_bytes: int) -> int:

@@ -49,7 +49,7 @@ class ShardTask:
 
 def worker_init(workers: int, compile_notice=None) -> None:
     """Share the cores between worker processes (each tokeniser would otherwise take them all); load (or compile)
-    the compiled code, the workers saying a compile once between them (``compile_notice``: a shared flag)."""
+    the compiled code, the workers saying a compile once between them (``compile_notice``: a file path they share)."""
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     os.environ["RAYON_NUM_THREADS"] = threads
     os.environ["RAYON_RS_NUM_CPUS"] = threads
