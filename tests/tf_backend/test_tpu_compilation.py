@@ -65,33 +65,46 @@ SCRIPT = textwrap.dedent("""
     def checkpoints(t):
         return CheckpointManager(out + "/checkpoints", t.checkpoint_state())
 
-    result, trainers = {"xla_cpu": xla}, {}
-    for optimizer in ("adamw", "lamb"):
-        for k in (1, 2):
-            for precision in ("float32", "bfloat16"):
-                t = trainers[optimizer, precision, k] = trainer(
-                    tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), precision, k, optimizer)
-                result[f"{optimizer}/{precision}/{k}"] = {
-                    "losses": [t.train_steps(1)["loss"] for _ in range(3)], "xla": t.xla,
-                    # the training input; the eval input is static on a TPU alone (elsewhere it keeps the last,
-                    # shorter batch, so that every eval sequence counts)
-                    "static": specs(t.train_dataset),
-                    "compute": sorted({l.compute_dtype for l in t.model.layers if l.weights}),
-                    "variables": sorted({v.dtype.name for v in t.model.weights})}
-    # One device: the whole replica step (forward, backward, update) is one XLA computation, as on a TPU core.
-    one = trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), "bfloat16", 2)
-    result["one-device"] = {"losses": [one.train_steps(1)["loss"] for _ in range(3)], "xla": one.xla}
-    # A checkpoint saved under one strategy and precision restores under another, and back.
-    saved = trainers["adamw", "float32", 1]  # two replicas, float32
-    checkpoints(saved).save(saved.step)
-    restored = trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), "bfloat16", 1)  # one device, bfloat16
-    checkpoints(restored).restore_latest()
-    result["to_bfloat16"] = same(state(saved), state(restored)) and restored.step == 3
-    result["after_restore"] = restored.train_steps(1)["loss"]
-    checkpoints(restored).save(restored.step)
-    back = trainers["adamw", "float32", 2]  # two replicas, float32 again
-    checkpoints(back).restore_latest()
-    result["back_to_float32"] = same(state(restored), state(back)) and back.step == 4
+    def losses(t, steps=3):
+        return [t.train_steps(1)["loss"] for _ in range(steps)]
+
+    def described(t, strategy, optimizer, precision, k, losses):
+        return {"strategy": strategy, "optimizer": optimizer, "precision": precision, "k": k, "losses": losses,
+                "xla": t.xla,
+                # the training input; the eval input is static on a TPU alone (elsewhere it keeps the last,
+                # shorter batch, so that every eval sequence counts)
+                "static": specs(t.train_dataset),
+                "compute": sorted({l.compute_dtype for l in t.model.layers if l.weights}),
+                "variables": sorted({v.dtype.name for v in t.model.weights})}
+
+    # Each optimizer: float32 under two replicas without and with accumulation, then bfloat16 with accumulation,
+    # each "float32" beside the float32 losses of the same steps. LAMB's runs under two replicas; AdamW's on one
+    # device: from the float32 run's checkpoint, beside that run's next steps.
+    result = {"xla_cpu": xla, "runs": []}
+    for optimizer in sys.argv[4].split(","):
+        float32 = {k: trainer(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), "float32", k, optimizer)
+                   for k in (1, 2)}
+        start = state(float32[2])
+        for k, t in float32.items():
+            result["runs"].append(described(t, "two replicas", optimizer, "float32", k, losses(t)))
+        if optimizer == "lamb":
+            t = trainer(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), "bfloat16", 2, optimizer)
+            result["runs"].append(dict(described(t, "two replicas", optimizer, "bfloat16", 2, losses(t)),
+                                       float32=result["runs"][-1]["losses"]))
+            continue
+        # One device: the whole replica step (forward, backward, update) is one XLA computation, as on a TPU core.
+        # A checkpoint moves: two replicas, float32 -> one device, bfloat16 -> two replicas, float32.
+        two, one = float32[2], trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), "bfloat16", 2, optimizer)
+        result["same_start"] = same(start, state(one))
+        checkpoints(two).save(two.step)
+        checkpoints(one).restore_latest()
+        result["to_bfloat16"] = same(state(two), state(one)) and one.step == 3
+        result["runs"].append(dict(described(one, "one device", optimizer, "bfloat16", 2, losses(one)),
+                                   float32=losses(two)))
+        checkpoints(one).save(one.step)
+        back = float32[1]  # two replicas, float32 again
+        checkpoints(back).restore_latest()
+        result["back_to_float32"] = same(state(one), state(back)) and back.step == 6
     print("RESULT" + json.dumps(result))
 """)
 
@@ -106,53 +119,68 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled(data_dir, tmp_path_factory) -> dict:
-    """Nine trainers in one process (their compilation is the cost): the matrix, one device, checkpoints."""
+    """Six trainers in one process (their compilation is the cost): per optimizer float32 at k 1 and 2 and
+    bfloat16 at k 2 (AdamW's on one device, with the checkpoint moves)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), TESTS]))
     done = subprocess.run([sys.executable, "-c", SCRIPT, data_dir, str(tmp_path_factory.mktemp("run")),
-                           os.path.join(data_dir, "bert_config.json")],
+                           os.path.join(data_dir, "bert_config.json"), "adamw,lamb"],
                           capture_output=True, text=True, env=env, timeout=1200)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, done.stderr[-4000:]
     return json.loads(lines[0][len("RESULT"):])
 
 
+def runs_of(compiled, optimizer=None, strategy=None) -> list[dict]:
+    return [run for run in compiled["runs"] if optimizer in (None, run["optimizer"])
+            and strategy in (None, run["strategy"])]
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
 def test_every_configuration_trains_with_static_input_and_float32_weights(compiled, optimizer):
-    for k in (1, 2):
-        for precision in ("float32", "bfloat16"):
-            run = compiled[f"{optimizer}/{precision}/{k}"]
-            assert all(np.isfinite(run["losses"])) and len(set(run["losses"])) > 1, run
-            assert all(run["static"]), run  # every tensor of the distributed training input fully defined
-            assert run["variables"] == ["float32"], run  # weights stay float32: checkpoints are alike
-            assert ("bfloat16" in run["compute"]) == (precision == "bfloat16"), run
+    runs = runs_of(compiled, optimizer)
+    assert {(run["precision"], run["k"]) for run in runs} == {("float32", 1), ("float32", 2), ("bfloat16", 2)}
+    for run in runs:
+        assert all(np.isfinite(run["losses"])) and len(set(run["losses"])) > 1, run
+        assert all(run["static"]), run  # every tensor of the distributed training input fully defined
+        assert run["variables"] == ["float32"], run  # weights stay float32: checkpoints are alike
+        assert ("bfloat16" in run["compute"]) == (run["precision"] == "bfloat16"), run
 
 
 def test_the_training_step_compiles_with_xla_on_two_devices_for_both_optimizers_and_precisions(compiled):
     if not compiled["xla_cpu"]:
         assert TPU_BUILD, "XLA must compile on the CPU with the standard TensorFlow build"
         pytest.skip("tensorflow-tpu has no XLA backend for the CPU; the standard build's run checks compilation")
-    for key, run in compiled.items():
-        if key.count("/") == 2:  # optimizer/precision/accumulation, all under MirroredStrategy
-            assert run["xla"] == "gradients, then each variable's update", key  # jit_compile=True, and it ran
-    assert compiled["one-device"]["xla"] == "whole replica step"  # one XLA computation, as on a TPU core
+    two = runs_of(compiled, strategy="two replicas")
+    assert {run["optimizer"] for run in two} == {"adamw", "lamb"}
+    assert {run["precision"] for run in two} == {"float32", "bfloat16"}
+    for run in two:
+        assert run["xla"] == "gradients, then each variable's update", run  # jit_compile=True, and it ran
+    (one,) = runs_of(compiled, strategy="one device")
+    assert one["xla"] == "whole replica step"  # one XLA computation, as on a TPU core
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
 def test_bfloat16_tracks_float32_and_accumulation_changes_nothing(compiled, optimizer):
-    runs = {key.split("/", 1)[1]: run["losses"] for key, run in compiled.items() if key.startswith(optimizer + "/")}
-    for k in (1, 2):
-        np.testing.assert_allclose(runs[f"bfloat16/{k}"], runs[f"float32/{k}"], rtol=BFLOAT16_RTOL)
-    np.testing.assert_allclose(runs["float32/2"], runs["float32/1"], rtol=1e-4)  # the order of float32 sums only
+    runs = {(run["precision"], run["k"]): run for run in runs_of(compiled, optimizer)}
+    bfloat16 = runs["bfloat16", 2]  # beside float32's losses of the same steps
+    np.testing.assert_allclose(bfloat16["losses"], bfloat16["float32"], rtol=BFLOAT16_RTOL)
+    np.testing.assert_allclose(runs["float32", 2]["losses"], runs["float32", 1]["losses"],
+                               rtol=1e-4)  # the order of float32 sums only
 
 
 def test_one_device_and_two_replicas_train_alike(compiled):
-    np.testing.assert_allclose(compiled["one-device"]["losses"], compiled["adamw/float32/2"]["losses"],
-                               rtol=BFLOAT16_RTOL)
+    """The same initial weights, and from the same checkpoint the same next losses (one device in bfloat16, two
+    replicas in float32, both accumulating two micro-batches)."""
+    (one,) = runs_of(compiled, strategy="one device")
+    assert compiled["same_start"]
+    np.testing.assert_allclose(one["losses"], one["float32"], rtol=BFLOAT16_RTOL)
 
 
 def test_a_checkpoint_moves_between_strategies_and_precisions(compiled):
-    """Two replicas in float32 -> one device in bfloat16 (XLA) -> two replicas in float32, exactly."""
-    assert compiled["to_bfloat16"] and compiled["back_to_float32"] and np.isfinite(compiled["after_restore"])
+    """Two replicas in float32 -> one device in bfloat16 (XLA), which trains on from it -> two replicas in
+    float32, exactly."""
+    (one,) = runs_of(compiled, strategy="one device")
+    assert compiled["to_bfloat16"] and compiled["back_to_float32"] and all(np.isfinite(one["losses"]))
 
 
 def test_token_ids_beyond_the_models_vocab_are_refused_on_the_host(data_dir, tmp_path):
