@@ -9,8 +9,9 @@ with TensorFlow they are skipped (the parity tests beside them compare the two b
 import importlib.util
 import json
 import os
+import signal
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ if importlib.util.find_spec("tensorflow") is not None or importlib.util.find_spe
     pytest.skip("for the environment without TensorFlow (make test-jax-stack)", allow_module_level=True)
 pytest.importorskip("jax")
 
-from fault_injection import ENV, STEPS, check_resumed_run, sample_data, train_command  # noqa: E402
+from fault_injection import ENV, example_ids_by_step, sample_data, train_command  # noqa: E402
 from jax_runs import probe_task, use_a_jax_run_to_the_end  # noqa: E402
 
 from tpu_pretrain.errors import UserInputError  # noqa: E402
@@ -31,14 +32,6 @@ from tpu_pretrain.models.run_weights import read_arrays, read_weights  # noqa: E
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return sample_data(tmp_path_factory.mktemp("jax_data"))
-
-
-def run_cli(args, env=None, timeout=600):
-    """``tpu-pretrain ARGS`` (or a whole command from :func:`train_command`) in a subprocess; its output."""
-    command = args if args[0] == sys.executable else [sys.executable, "-m", "tpu_pretrain", *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=env or ENV, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def test_no_tensorflow_here_and_the_backend_is_chosen_for_it(tmp_path, capsys):
@@ -90,41 +83,101 @@ JAX_ARGS = ["--backend", "jax", "--steps_per_execution", "4"]  # a call per chec
 NO_DROPOUT = ["--hidden_dropout_prob", "0"]  # other micro-batch shapes draw other masks
 
 
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    """The runs the two tests below check, made side by side (two cores): 8 steps without dropout on 1 device, that
+    run then used to the end in the same process (evaluate, export hf, probe, status: :func:`use_a_jax_run_to_the_end`),
+    and the same training on 2 logical CPU devices with 2 accumulated micro-batches (with its output)."""
+    root = tmp_path_factory.mktemp("trained")
+    one, two = root / "one", root / "two"
+    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    accumulate = ["--gradient_accumulation_steps", "2"]
+    beside = subprocess.Popen(train_command(data_dir, two, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT, *accumulate]),
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        task = probe_task(Path(data_dir).parent / "corpus.txt", root / "task.tsv")
+        used = use_a_jax_run_to_the_end(train_command(data_dir, one, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT])[3:],
+                                        one, task)
+        output, errors = beside.communicate(timeout=600)
+    finally:
+        beside.kill()
+    assert beside.returncode == 0, errors[-3000:]
+    return {"one": one, "used": used, "two": two, "two_output": output}
+
+
 @pytest.mark.slow
-def test_trains_on_two_devices_as_on_one_and_loads_no_tensorflow(data_dir, tmp_path):
+def test_trains_on_two_devices_as_on_one_and_loads_no_tensorflow(trained):
     """2 logical CPU devices with 2 accumulated micro-batches make the same updates as 1 device; training,
     evaluating, exporting, probing and the status of a run never load TensorFlow, tf-keras or bert4keras."""
-    one = tmp_path / "one"
-    task = probe_task(Path(data_dir).parent / "corpus.txt", tmp_path / "task.tsv")
-    used = use_a_jax_run_to_the_end(train_command(data_dir, one, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT])[3:], one,
-                                    task)
+    one, two, used = trained["one"], trained["two"], trained["used"]
     assert used["loaded"] == [] and used["backend"] == "jax"
     assert (one / "export" / "hf" / "model.safetensors").is_file() and (one / "probe.json").is_file()
     assert json.loads((one / "evaluation.json").read_text())["metrics"]["mlm_loss"] > 0
-    two = tmp_path / "two"
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    accumulate = ["--gradient_accumulation_steps", "2"]
-    output = run_cli(train_command(data_dir, two, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT, *accumulate]), env=env)
+    assert "1 device(s)" in json.loads((one / "train_summary.json").read_text())["accelerator"]
     assert "2 device(s)" in json.loads((two / "train_summary.json").read_text())["accelerator"]
-    assert "Trained to step 8" in output
+    assert "Trained to step 8" in trained["two_output"]
     a, b = read_weights(one / "checkpoints" / "ckpt-000000008"), read_weights(two / "checkpoints" / "ckpt-000000008")
     for name in a:
         np.testing.assert_allclose(b[name], a[name], atol=2e-6, rtol=0, err_msg=name)
 
 
-def final_weights(run_dir, step=STEPS):
-    return read_weights(Path(run_dir) / "checkpoints" / f"ckpt-{step:09d}")
+KILLED_STEPS = 24
+
+
+def kill_once(command: list[str], ready) -> None:
+    """Start ``command`` and SIGKILL it the moment ``ready()`` holds (looked at every 2 ms)."""
+    process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while process.poll() is None and not ready() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait() == -signal.SIGKILL, f"it ended (exit code {process.returncode}) before the kill"
+        assert ready(), "killed at the deadline, not when it was ready"
+    finally:
+        process.kill()
 
 
 @pytest.mark.slow
 def test_sigkilled_jax_training_resumes_to_the_same_weights_and_examples(data_dir, tmp_path):
-    check_resumed_run(data_dir, tmp_path, final_weights, extra=JAX_ARGS)
-    state = read_arrays(tmp_path / "interrupted" / "checkpoints" / f"ckpt-{STEPS:09d}")
-    assert int(state["step"]) == STEPS and any(name.startswith("m/") for name in state)
+    """A run SIGKILLed among its steps (as its checkpoint of step 8 is done), then again while it writes its next
+    checkpoint, and started a third time with the same command, resumes from a checkpoint and ends in the state of an
+    uninterrupted run (trained beside it): the same weights, Adam moments, step and dropout RNG, and the same
+    examples at every step (the steps replayed after a kill too), with dropout on."""
+    reference, run = tmp_path / "reference", tmp_path / "interrupted"
+    command, checkpoints = train_command(data_dir, run, steps=KILLED_STEPS, extra=JAX_ARGS), run / "checkpoints"
+    uninterrupted = subprocess.Popen(train_command(data_dir, reference, steps=KILLED_STEPS, extra=JAX_ARGS), env=ENV,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        kill_once(command, lambda: (checkpoints / "ckpt-000000008").is_dir())  # steps 9 to 12 under way
+        before = set(checkpoints.glob(".ckpt-*.tmp-*"))
+        kill_once(command, lambda: bool(set(checkpoints.glob(".ckpt-*.tmp-*")) - before))  # a checkpoint written
+        _, errors = uninterrupted.communicate(timeout=600)
+    finally:
+        uninterrupted.kill()
+    assert uninterrupted.returncode == 0, errors[-3000:]
+    last = f"ckpt-{KILLED_STEPS:09d}"
+    assert not (checkpoints / last).exists()
+    final = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0 and f"Resuming from {checkpoints}" in final.stderr, final.stderr[-3000:]
+
+    expected, got = read_arrays(reference / "checkpoints" / last), read_arrays(checkpoints / last)
+    assert expected.keys() == got.keys() and any(name.startswith("m/") for name in got), sorted(got)
+    assert int(got["step"]) == KILLED_STEPS
+    worst = max(float(np.abs(got[n].astype(np.float64) - expected[n]).max()) for n in expected)
+    print(f"max abs difference of the state after 2 SIGKILLs: {worst:.3g}")
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-6, rtol=0, err_msg=name)
+    reference_ids, resumed_ids = example_ids_by_step(reference), example_ids_by_step(run)
+    assert sorted(resumed_ids) == list(range(1, KILLED_STEPS + 1))
+    assert resumed_ids == reference_ids  # the same examples at every step: none repeated, none skipped
 
 
 @pytest.mark.slow
-def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_transformers(data_dir, tmp_path):
+def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_transformers(data_dir, trained,
+                                                                                            tmp_path):
+    """The ``export --format hf`` of a JAX run gives transformers' BertForPreTraining our MLM and NSP logits, and a
+    JAX run started from that folder (``--init_checkpoint``) evaluates as the exported run did at its end."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from tpu_pretrain.core.run_folder import RunFolder
@@ -132,20 +185,26 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
     from tpu_pretrain.jax_backend.input import eval_batches
     from tpu_pretrain.jax_backend.model import build_model, from_google, google_variables
 
-    run = tmp_path / "run"
-    run_cli(train_command(data_dir, run, steps=12, extra=JAX_ARGS))
-    folder = Path(run_cli(["export", str(run), "--format", "hf"]).split(" to ")[-1].strip())
-    model = build_model(RunFolder(run).read_model_config(), 64, 10)
-    for name, value in read_weights(run / "checkpoints" / "ckpt-000000012").items():
-        google_variables(model)[name].assign(from_google(name, value))
-    batch = next(eval_batches(read_data_info(data_dir).eval_files, 4, 64, 10))
-    ours = [np.asarray(x) for x in model([batch["input_ids"], batch["segment_ids"], batch["masked_lm_positions"]])]
+    run, folder, again = trained["one"], trained["one"] / "export" / "hf", tmp_path / "from_hf"
+    # and back, trained beside the comparison: the exported run's settings (its compiled step, from the cache)
+    from_hf = subprocess.Popen(train_command(data_dir, again, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT,
+                                                                              "--init_checkpoint", str(folder)]),
+                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        model = build_model(RunFolder(run).read_model_config(), 64, 10)
+        for name, value in read_weights(run / "checkpoints" / "ckpt-000000008").items():
+            google_variables(model)[name].assign(from_google(name, value))
+        batch = next(eval_batches(read_data_info(data_dir).eval_files, 4, 64, 10))
+        ours = [np.asarray(x) for x in model([batch["input_ids"], batch["segment_ids"], batch["masked_lm_positions"]])]
 
-    hf = transformers.BertForPreTraining.from_pretrained(folder).eval()
-    with torch.no_grad():
-        out = hf(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
-                 token_type_ids=torch.tensor(batch["segment_ids"], dtype=torch.long),
-                 attention_mask=torch.tensor(batch["input_ids"] != 0, dtype=torch.long))
+        hf = transformers.BertForPreTraining.from_pretrained(folder).eval()
+        with torch.no_grad():
+            out = hf(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+                     token_type_ids=torch.tensor(batch["segment_ids"], dtype=torch.long),
+                     attention_mask=torch.tensor(batch["input_ids"] != 0, dtype=torch.long))
+        _, errors = from_hf.communicate(timeout=600)
+    finally:
+        from_hf.kill()
     positions = torch.tensor(batch["masked_lm_positions"], dtype=torch.long)
     logits = out.prediction_logits
     theirs = torch.gather(logits, 1, positions[:, :, None].expand(-1, -1, logits.shape[-1]))
@@ -154,17 +213,23 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
     np.testing.assert_allclose(theirs.numpy(), ours[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(out.seq_relationship_logits.numpy(), ours[1], atol=1e-4, rtol=0)
     assert os.path.isfile(folder / "tokenizer.json")
-    again = tmp_path / "from_hf"  # and back: a JAX run started from the export sees the same weights
-    run_cli(train_command(data_dir, again, steps=4, extra=[*JAX_ARGS, "--init_checkpoint", str(folder)]))
+    assert from_hf.returncode == 0, errors[-3000:]  # a JAX run started from the export sees the same weights
     final = json.loads((run / "train_summary.json").read_text())["final_eval"]
     initial = json.loads((again / "train_summary.json").read_text())["initial_eval"]
     assert initial["mlm_loss"] == pytest.approx(final["mlm_loss"], rel=1e-5)
 
 
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_weights(data_dir, tmp_path):
+    """``mixed_precision=bfloat16``: the model's layers compute in bfloat16, its weights and their gradients are
+    float32 (the gradients' dtypes as JAX traces the training step's ``gradients``, without compiling its
+    backward pass), and its loss on a batch (compiled, forward) is float32's within 2%."""
+    import functools
+
+    import jax
+
     from tpu_pretrain.config import Config
     from tpu_pretrain.jax_backend.input import BATCH_FEATURES, eval_batches
-    from tpu_pretrain.jax_backend.step import gradients
+    from tpu_pretrain.jax_backend.step import gradients, loss
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     losses = {}
@@ -173,7 +238,11 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_weights(data_dir, tmp_p
                                          train_batch_size=8, mixed_precision=precision, hidden_dropout_prob=0.0,
                                          num_train_steps=10, num_warmup_steps=1))
         batch = next(eval_batches(trainer.data.train_files, 8, 64, 10))
-        grads, stats, _ = gradients(trainer.spec, trainer.state, {k: batch[k] for k in BATCH_FEATURES})
+        features = {k: batch[k] for k in BATCH_FEATURES}
+        grads = jax.eval_shape(functools.partial(gradients, trainer.spec), trainer.state, features)[0]
+        weight = max(float(features["masked_lm_weights"].sum()), 1.0)  # the global batch's, as gradients has it
+        _, (stats, _) = jax.jit(functools.partial(loss, trainer.spec))(trainer.state["params"], trainer.state["keras"],
+                                                                      features, weight, 8.0)
         losses[precision] = float(stats["mlm_loss_sum"] / stats["mlm_weight"])
         assert trainer.model.blocks[0].compute_dtype == precision
         assert all(p.dtype == np.float32 for p in trainer.state["params"]) and all(g.dtype == np.float32 for g in grads)
