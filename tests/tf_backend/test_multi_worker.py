@@ -4,6 +4,7 @@ weights of one process trained with the same global batch."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -18,18 +19,25 @@ from fault_injection import sample_data
 
 import tensorflow as tf  # isort: skip
 
-STEPS = 24
+STEPS = 12
 ENV = {key: value for key, value in FAULT_ENV.items() if key != "TF_CONFIG"}  # the workers are given theirs
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return sample_data(tmp_path_factory.mktemp("multi_worker_data"), max_chars=60_000, num_shards=2, workers=1)
+    """The sample data, and beside it the config of a one-layer BERT (hidden 64) that every process trains: what
+    is checked is the workers' agreement, and each process's build and compile are the cost."""
+    root = tmp_path_factory.mktemp("multi_worker_data")
+    (root / "bert_config.json").write_text(json.dumps(
+        {"vocab_size": 1500, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "intermediate_size": 128, "max_position_embeddings": 64}))
+    return sample_data(root, max_chars=60_000, num_shards=2, workers=1)
 
 
 def command(data_dir, run, *extra):
     return [sys.executable, "-m", "tpu_pretrain", "train", "--data_dir", data_dir, "--output_dir", str(run),
-            "--model_size", "L2-H128", "--train_batch_size", "8", "--num_train_steps", str(STEPS),
+            "--bert_config_file", str(Path(data_dir).parent / "bert_config.json"), "--train_batch_size", "8",
+            "--num_train_steps", str(STEPS),
             "--num_warmup_steps", "4", "--learning_rate", "1e-3", "--save_checkpoints_steps", "4",
             "--log_every_steps", "4", "--eval_every_steps", "0", "--max_eval_steps", "1", "--steps_per_execution",
             "1", "--hidden_dropout_prob", "0", "--train_seed", "3", "--shuffle_buffer_size", "64",
