@@ -83,6 +83,12 @@ JAX_ARGS = ["--backend", "jax", "--steps_per_execution", "4"]  # a call per chec
 NO_DROPOUT = ["--hidden_dropout_prob", "0"]  # other micro-batch shapes draw other masks
 
 
+def quick(devices: int = 1) -> dict:
+    """The training processes' environment: ``devices`` CPU devices, and XLA's unoptimised code (level 0), which
+    compiles in about half the CPU time: these runs take a few steps."""
+    return {**ENV, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"}
+
+
 @pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory):
     """The runs the two tests below check, made side by side (two cores): 8 steps without dropout on 1 device, that
@@ -90,14 +96,13 @@ def trained(data_dir, tmp_path_factory):
     and the same training on 2 logical CPU devices with 2 accumulated micro-batches (with its output)."""
     root = tmp_path_factory.mktemp("trained")
     one, two = root / "one", root / "two"
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     accumulate = ["--gradient_accumulation_steps", "2"]
     beside = subprocess.Popen(train_command(data_dir, two, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT, *accumulate]),
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=quick(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         task = probe_task(Path(data_dir).parent / "corpus.txt", root / "task.tsv")
         used = use_a_jax_run_to_the_end(train_command(data_dir, one, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT])[3:],
-                                        one, task)
+                                        one, task, env=quick())
         output, errors = beside.communicate(timeout=600)
     finally:
         beside.kill()
@@ -126,7 +131,7 @@ KILLED_STEPS = 24
 
 def kill_once(command: list[str], ready) -> None:
     """Start ``command`` and SIGKILL it the moment ``ready()`` holds (looked at every 2 ms)."""
-    process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, env=quick(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while process.poll() is None and not ready() and time.monotonic() < deadline:
@@ -146,8 +151,8 @@ def test_sigkilled_jax_training_resumes_to_the_same_weights_and_examples(data_di
     examples at every step (the steps replayed after a kill too), with dropout on."""
     reference, run = tmp_path / "reference", tmp_path / "interrupted"
     command, checkpoints = train_command(data_dir, run, steps=KILLED_STEPS, extra=JAX_ARGS), run / "checkpoints"
-    uninterrupted = subprocess.Popen(train_command(data_dir, reference, steps=KILLED_STEPS, extra=JAX_ARGS), env=ENV,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    uninterrupted = subprocess.Popen(train_command(data_dir, reference, steps=KILLED_STEPS, extra=JAX_ARGS),
+                                     env=quick(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         kill_once(command, lambda: (checkpoints / "ckpt-000000008").is_dir())  # steps 9 to 12 under way
         before = set(checkpoints.glob(".ckpt-*.tmp-*"))
@@ -158,7 +163,7 @@ def test_sigkilled_jax_training_resumes_to_the_same_weights_and_examples(data_di
     assert uninterrupted.returncode == 0, errors[-3000:]
     last = f"ckpt-{KILLED_STEPS:09d}"
     assert not (checkpoints / last).exists()
-    final = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    final = subprocess.run(command, env=quick(), capture_output=True, text=True, timeout=600)
     assert final.returncode == 0 and f"Resuming from {checkpoints}" in final.stderr, final.stderr[-3000:]
 
     expected, got = read_arrays(reference / "checkpoints" / last), read_arrays(checkpoints / last)
@@ -189,7 +194,7 @@ def test_a_jax_trained_model_exported_to_hugging_face_gives_the_same_logits_in_t
     # and back, trained beside the comparison: the exported run's settings (its compiled step, from the cache)
     from_hf = subprocess.Popen(train_command(data_dir, again, steps=8, extra=[*JAX_ARGS, *NO_DROPOUT,
                                                                               "--init_checkpoint", str(folder)]),
-                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               env=quick(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         model = build_model(RunFolder(run).read_model_config(), 64, 10)
         for name, value in read_weights(run / "checkpoints" / "ckpt-000000008").items():
