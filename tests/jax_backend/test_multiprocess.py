@@ -51,7 +51,10 @@ def command(data_dir: str, run: Path, *extra: str) -> list[str]:
 
 
 def environment(devices: int) -> dict:
-    return {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    """``devices`` CPU devices; XLA's unoptimised code (level 0), which compiles in about half the CPU time: these
+    runs take a few steps, and every process of a launch compiles its program."""
+    return {**ENV, "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"}
 
 
 def start(data_dir: str, run: Path, processes: int, devices: int, *extra: str) -> list:
@@ -175,12 +178,12 @@ def test_several_processes_are_the_jax_backends_and_need_all_three_settings(data
 
 def test_a_follower_given_another_output_dir_says_the_chief_wrote_the_run(data, tmp_path):
     chief_run, follower_run, port = tmp_path / "chief", tmp_path / "follower", free_port()
-    started = []
+    started = []  # what each says, not what they learn: no dropout, whose random masks slow the compile
     for index, run in enumerate([chief_run, follower_run]):
         log = open(f"{run}.log", "w+")  # noqa: SIM115 - read back by finish
         started.append((subprocess.Popen(command(data, run, "--coordinator_address", f"127.0.0.1:{port}",
                                                  "--num_processes", "2", "--process_index", str(index),
-                                                 "--num_train_steps", "2"),
+                                                 "--num_train_steps", "2", "--hidden_dropout_prob", "0"),
                                          stdout=log, stderr=subprocess.STDOUT, env=environment(1)), log))
     chief, follower = finish(started)
     assert f"Trained to step 2 in {chief_run}" in chief
