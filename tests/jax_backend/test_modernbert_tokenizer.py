@@ -28,7 +28,7 @@ def test_a_released_style_modernbert_continued_with_its_tokenizer_json(jax_cache
                  "--output_dir", str(tmp_path / "data"), "--recipe", "modern", "--max_seq_length", str(T),
                  "--dupe_factor", "1", "--num_shards", "1", "--eval_fraction", "0.05", "--workers", "1"]) == 0
     run = tmp_path / "run"
-    command = train_command(tmp_path / "data", run, "--init_checkpoint", str(released), "--num_train_steps", "4")
+    command = train_command(tmp_path / "data", run, "--init_checkpoint", str(released), "--num_train_steps", "2")
     assert main(command[3:]) == 0
     recorded = json.loads((run / "modernbert_config.json").read_text())
     assert (recorded["vocab_size"], recorded["pad_token_id"], recorded["mask_token_id"]) == (2048, 2003, 2004)
@@ -60,9 +60,10 @@ def test_a_released_style_modernbert_continued_with_its_tokenizer_json(jax_cache
     theirs = np.take_along_axis(logits, positions[:, :, None], axis=1)
     from tpu_pretrain.export.rebuild import load_trained_model
 
+    trained = load_trained_model(run)
     zero_padded = np.where(attend > 0, ids, 0)  # as the shards, fill-mask and probe pad: with id 0
     for inputs in (zero_padded, ids):
-        outputs = load_trained_model(run).model.outputs(inputs, np.zeros_like(ids), positions)[0]
+        outputs = trained.model.outputs(inputs, np.zeros_like(ids), positions)[0]
         worst = float(np.abs(outputs - theirs).max())
         print(f"MLM logits, JAX run vs transformers on the export: max abs difference {worst:.3g}")
         np.testing.assert_allclose(outputs, theirs, atol=1e-4, rtol=0)
