@@ -9,6 +9,7 @@ compares the backends where both are.
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +20,12 @@ pytest.importorskip("jax")
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.data.create import create_pretraining_data  # noqa: E402
+from tpu_pretrain.data.data_folder import read_data_info  # noqa: E402
 from tpu_pretrain.data.sample_corpus import write_sample_corpus  # noqa: E402
 from tpu_pretrain.data.vocab import build_vocab  # noqa: E402
 from tpu_pretrain.jax_backend import step  # noqa: E402
 from tpu_pretrain.jax_backend.state import read_arrays  # noqa: E402
+from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
 
 T = 64
 
@@ -45,18 +48,23 @@ def compilation_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """Packed, MLM-only shards at 30% masking: what ``--recipe modern`` makes."""
+    """Packed, MLM-only shards at 30% masking: what ``--recipe modern`` makes; beside them, the model's
+    ``bert_config.json``: one layer of L2-H128, whose float16 step compiles (slowly, on a CPU) in 3/4 of the time."""
     root = tmp_path_factory.mktemp("modern")
     corpus = write_sample_corpus(root / "corpus.txt", max_chars=40_000)
     vocab = build_vocab(Config.load(input=[str(corpus)], vocab_size=1000, num_unused_tokens=5, output_dir=str(root)))
     create_pretraining_data(Config.load(input=[str(corpus)], vocab_file=vocab.path, output_dir=str(root / "data"),
                                         recipe="modern", max_seq_length=T, dupe_factor=1, num_shards=2,
                                         eval_fraction=0.1, workers=1))
+    model = bert_config_for_size("L2-H128", read_data_info(str(root / "data")).vocab_size)
+    model.num_hidden_layers = 1
+    model.to_json_file(root / "bert_config.json")
     return str(root / "data")
 
 
 def settings(data_dir, output_dir, **overrides) -> dict:
-    values = dict(data_dir=data_dir, output_dir=str(output_dir), recipe="modern", model_size="L2-H128",
+    model = str(Path(data_dir).parent / "bert_config.json")
+    values = dict(data_dir=data_dir, output_dir=str(output_dir), recipe="modern", bert_config_file=model,
                   train_batch_size=8, num_train_steps=8, num_warmup_steps=2, num_cooldown_steps=3, learning_rate=2e-3,
                   mixed_precision="float16", dynamic_masking=True, hidden_dropout_prob=0.1, steps_per_execution=4,
                   accelerator="cpu", train_seed=3)
