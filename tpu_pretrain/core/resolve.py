@@ -13,15 +13,10 @@ from ..data.data_folder import DataInfo, check_token_ids, read_data_info
 from ..data.vocab import Vocab
 from ..data.vocab_tokenizer import SPECIAL_TOKENS
 from ..errors import UserInputError
-from ..models.bert_config import BertConfig, bert_config_for_size, resolve_bert_config
-from ..models.families import MODERNBERT, ModelFamily, family_named
-from ..models.modernbert_config import (
-    ModernBertConfig,
-    is_modernbert_folder,
-    modernbert_config_for_size,
-    resolve_modernbert_config,
-    vocab_token_ids,
-)
+from ..models.bert_config import BertConfig
+from ..models.families import ModelFamily, family_named
+from ..models.modernbert_config import ModernBertConfig
+from ..models.shape_request import ShapeRequest
 from .document_masks import decide_document_masks
 from .overfit import auto_eval_every_steps
 from .run_folder import RunFolder
@@ -81,10 +76,7 @@ class RunPlan:
                         settings={"no_nsp": d.no_nsp})
         warmup_was_auto = config.train.num_warmup_steps < 0
         config = resolve_config(config, data)
-        if family_named(config.model.model_family) is MODERNBERT and not vocab:
-            model_config = planned_modernbert_config(config, vocab_size)
-        else:
-            model_config = run_model_config(config, data, vocab)
+        model_config = run_model_config(config, data, vocab, vocab_to_come=not vocab)
         _decide_run_settings(config, data, backend)
         schedule = planned(config.train)
         return cls(config, data, vocab, model_config, warmup_was_auto, schedule, schedule)
@@ -241,16 +233,38 @@ def _check_same_vocab(vocab: Vocab, data: DataInfo) -> None:
                          "data's own vocab.")
 
 
-def run_model_config(config: Config, data: DataInfo, vocab: Vocab | None) -> BertConfig | ModernBertConfig:
-    """The model's shape of the run's model_family (:func:`run_bert_config`, :func:`run_modernbert_config`), its
-    positions checked against the data's length; a model built from model_size records the positions it has."""
+def run_model_config(config: Config, data: DataInfo, vocab: Vocab | None,
+                     vocab_to_come: bool = False) -> BertConfig | ModernBertConfig:
+    """The model's shape of the run's model_family (its record's resolver), checked against the data: MLM-only data
+    for a family without NSP, its token ids within the vocab, its length within the positions; a model built from
+    model_size records the positions it has. ``vocab_to_come``: planned before the vocab is made (no ``vocab``)."""
     family = family_named(config.model.model_family)
-    model_config = (run_modernbert_config if family is MODERNBERT else run_bert_config)(config, data, vocab)
+    if not family.has_nsp and not data.settings.get("no_nsp"):
+        raise UserInputError(
+            f"model_family={family.name} trains the masked LM alone, but the data in {data.data_dir} was made with "
+            "next-sentence pairs (no_nsp false: half the second segments are random text): make MLM-only data with "
+            "`tpu-pretrain create-data --recipe modern` (packed sequences) or --no_nsp.")
+    model_config = family.resolve_shape(shape_request(config, data, vocab, vocab_to_come))
+    check_token_ids(data, model_config.vocab_size)
+    _say_the_size_trained(config, model_config, family)
     check_positions(config, data, model_config)
     m = config.model
     if not (m.max_position_embeddings or m.bert_config_file or m.init_checkpoint):
         m.max_position_embeddings = model_config.max_position_embeddings
     return model_config
+
+
+def shape_request(config: Config, data: DataInfo, vocab: Vocab | None, vocab_to_come: bool) -> ShapeRequest:
+    """What the settings and the vocab ask of the shape (a vocab to come: the special tokens `tpu-pretrain vocab`
+    puts first, when its size is known)."""
+    m = config.model
+    tokens = vocab.tokens if vocab else (SPECIAL_TOKENS if vocab_to_come and data.vocab_size else None)
+    return ShapeRequest(model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
+                        vocab_tokens=tokens, vocab_size=len(vocab) if vocab else data.vocab_size,
+                        tokenizer_json=bool(vocab and vocab.is_tokenizer_json),
+                        vocab_setting=vocab.setting if vocab else "", vocab_source=str(vocab.source) if vocab else "",
+                        vocab_to_come=vocab_to_come, max_position_embeddings=m.max_position_embeddings,
+                        dropout=m.hidden_dropout_prob)
 
 
 def positions_of_the_run(config: Config) -> None:
@@ -286,66 +300,12 @@ def check_positions(config: Config, data: DataInfo, model_config) -> None:
                          f"{positions}: {fix}.")
 
 
-def run_modernbert_config(config: Config, data: DataInfo, vocab: Vocab | None) -> ModernBertConfig:
-    """A ModernBERT's shape: MLM-only data, the vocab's size and special tokens ([PAD] the data's padding, id 0)."""
-    if not data.settings.get("no_nsp"):
-        raise UserInputError(
-            f"model_family=modernbert trains the masked LM alone, but the data in {data.data_dir} was made with "
-            "next-sentence pairs (no_nsp false: half the second segments are random text): make MLM-only data with "
-            "`tpu-pretrain create-data --recipe modern` (packed sequences) or --no_nsp.")
-    m = config.model
-    if not vocab:
-        raise UserInputError("model_family=modernbert needs the vocab (its special tokens' ids): set vocab_file.")
-    tokens, padded = vocab.tokens, vocab.is_tokenizer_json
-    ids = vocab_token_ids(tokens)
-    if ids["pad_token_id"] != 0 and not padded:  # a tokenizer.json's data: padding is the rows' zero tail
-        raise UserInputError(f"{vocab.source} has [PAD] at id {ids['pad_token_id']}, but the data pads with id 0: "
-                             "ModernBERT reads padding from the token ids, so [PAD] must be the vocab's first token.")
-    model_config = resolve_modernbert_config(
-        model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
-        vocab_size=len(tokens), token_ids=ids, max_position_embeddings=m.max_position_embeddings,
-        dropout=m.hidden_dropout_prob, padded_vocab=padded)
-    check_token_ids(data, model_config.vocab_size)
-    _say_the_size_trained(config, model_config, modernbert_config_for_size(m.model_size) if m.model_size else None)
-    return model_config
-
-
-def planned_modernbert_config(config: Config, vocab_size: int | None) -> ModernBertConfig:
-    """A ModernBERT's shape before its vocab exists: the special tokens first, as `tpu-pretrain vocab` puts them."""
-    m = config.model
-    return resolve_modernbert_config(
-        model_size=m.model_size, config_file=m.bert_config_file, init_checkpoint=m.init_checkpoint,
-        vocab_size=vocab_size, token_ids=vocab_token_ids(list(SPECIAL_TOKENS)) if vocab_size else None,
-        max_position_embeddings=m.max_position_embeddings, dropout=m.hidden_dropout_prob)
-
-
-def run_bert_config(config: Config, data: DataInfo, vocab: Vocab | None) -> BertConfig:
-    """The model's shape for a resolved configuration, its vocab size checked against the data's token ids."""
-    m = config.model
-    for setting in ("init_checkpoint", "bert_config_file"):
-        if is_modernbert_folder(config.get(setting)):
-            raise UserInputError(f"{setting} {config.get(setting)} describes a ModernBERT (model_type modernbert): "
-                                 "train it with --model_family modernbert.")
-    if vocab and vocab.is_tokenizer_json:
-        raise UserInputError(f"vocab_file {vocab.setting} is a tokenizer.json, which only --model_family modernbert "
-                             "trains with; BERT takes a WordPiece vocab.txt (make one with `tpu-pretrain vocab`).")
-    vocab_size = len(vocab) if vocab else data.vocab_size
-    bert_config = resolve_bert_config(model_size=m.model_size, bert_config_file=m.bert_config_file,
-                                      init_checkpoint=m.init_checkpoint, vocab_size=vocab_size,
-                                      max_position_embeddings=m.max_position_embeddings,
-                                      hidden_dropout_prob=m.hidden_dropout_prob)
-    check_token_ids(data, bert_config.vocab_size)
-    sized = bert_config_for_size(m.model_size, bert_config.vocab_size) if m.model_size else None
-    _say_the_size_trained(config, bert_config, sized)
-    return bert_config
-
-
-def _say_the_size_trained(config: Config, model_config, sized) -> None:
+def _say_the_size_trained(config: Config, model_config, family: ModelFamily) -> None:
     """A model_size given beside a config file or an init checkpoint of another shape: the file (the weights)
     decides the shape. Said, and the run's config.json records no size it does not train."""
     m = config.model
     shape = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
-    if sized is None or [getattr(sized, k) for k in shape] == [getattr(model_config, k) for k in shape]:
+    if not m.model_size or family.named_shape(m.model_size) == tuple(getattr(model_config, k) for k in shape):
         return
     source = f"bert_config_file {m.bert_config_file}" if m.bert_config_file else f"init_checkpoint {m.init_checkpoint}"
     layers, hidden, inner, heads = (getattr(model_config, k) for k in shape)

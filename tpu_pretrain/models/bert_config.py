@@ -79,8 +79,9 @@ class BertConfig:
         write_text_atomic(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
 
-def bert_config_for_size(model_size: str, vocab_size: int, max_position_embeddings: int = 512) -> BertConfig:
-    """A named size (``L4-H256``, ``base``...) as a BertConfig: 64-wide heads, 4x FFN, as Google's."""
+def named_shape(model_size: str) -> tuple[int, int, int, int]:
+    """A named size (``L4-H256``, ``base``...) as (layers, hidden, intermediate, heads): 64-wide heads, 4x FFN, as
+    Google's. Its own function, as the run compares a size with the shape a file gave without building one."""
     name = SIZE_ALIASES.get(model_size.lower(), model_size.upper())
     if name not in NAMED_SIZES:
         raise UserInputError(
@@ -88,8 +89,14 @@ def bert_config_for_size(model_size: str, vocab_size: int, max_position_embeddin
             f"{', '.join(SIZE_ALIASES)}, or give bert_config_file."
         )
     layers, hidden = NAMED_SIZES[name]
+    return layers, hidden, 4 * hidden, hidden // 64
+
+
+def bert_config_for_size(model_size: str, vocab_size: int, max_position_embeddings: int = 512) -> BertConfig:
+    """A named size (:func:`named_shape`) as a BertConfig."""
+    layers, hidden, inner, heads = named_shape(model_size)
     return BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
+                      num_attention_heads=heads, intermediate_size=inner,
                       max_position_embeddings=max_position_embeddings)
 
 

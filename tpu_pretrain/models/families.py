@@ -1,8 +1,9 @@
 """The model families a run can train, one record each: the one place that names them.
 
 A family's record says what every stage needs to know of it without building a model: the ``model_family``
-setting's value, its shape's config class and the run folder's file for it, its FLOPs formula, whether it has a
-next-sentence head, which backends train it, and how its stored weights are named. A run resolves its family once
+setting's value, its shape's config class, how a run's settings and vocab resolve that shape (one signature for
+every family: :class:`.shape_request.ShapeRequest`) and the run folder's file for it, its FLOPs formula, whether it
+has a next-sentence head, which backends train it, and how its stored weights are named. A run resolves its family once
 (:attr:`..core.resolve.RunPlan.family`); a backend adds its own builders by the family's name
 (:mod:`..jax_backend.families`).
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import UserInputError
-from . import bert_config, modernbert_config
+from . import bert_config, modernbert_config, shape_request
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,20 @@ class ModelFamily:
     training_flops: Callable  # (model config, max_seq_length, max_predictions_per_seq) -> FLOPs of one sequence
     backends: tuple[str, ...]  # the training backends that build it (backend.py's names)
     model_type: str  # what a transformers config.json of this family says it is
+    resolve_shape: Callable  # (ShapeRequest) -> its shape, with the family's own checks of the settings and vocab
+    named_shape: Callable  # (model_size) -> that size's (layers, hidden, intermediate, heads); unknown: refused
 
     def __str__(self) -> str:
         return self.name
 
 
 BERT = ModelFamily("bert", "BERT", bert_config.BertConfig, "bert_config.json", True, "Google's checkpoint names",
-                   bert_config.training_flops_per_sequence, ("tensorflow", "jax"), "bert")
+                   bert_config.training_flops_per_sequence, ("tensorflow", "jax"), "bert", shape_request.bert_shape,
+                   bert_config.named_shape)
 MODERNBERT = ModelFamily("modernbert", "ModernBERT", modernbert_config.ModernBertConfig, "modernbert_config.json",
                          False, "transformers' ModernBertForMaskedLM state-dict names",
-                         modernbert_config.training_flops_per_sequence, ("jax",), "modernbert")
+                         modernbert_config.training_flops_per_sequence, ("jax",), "modernbert",
+                         shape_request.modernbert_shape, modernbert_config.named_shape)
 FAMILIES = {family.name: family for family in (BERT, MODERNBERT)}
 
 

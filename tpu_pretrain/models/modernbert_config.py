@@ -203,19 +203,26 @@ def _every_n(layer_types: list, source: str) -> int:
     return n
 
 
-def modernbert_config_for_size(model_size: str, vocab_size: int | None = None,
-                               max_position_embeddings: int | None = None, **overrides) -> ModernBertConfig:
-    """A named size (``base``, ``large``, ``L4-H256``...) as a ModernBertConfig. ``vocab_size`` and
-    ``max_position_embeddings`` default to the published 50368 and 8192; another vocab needs its token ids in
-    ``overrides`` (``pad_token_id=0``...); any other field may be overridden too."""
+def named_shape(model_size: str) -> tuple[int, int, int, int]:
+    """A named size as (layers, hidden, intermediate, heads), 64-wide heads: without building a config, whose
+    default token ids need the published vocab, the run compares a size with the shape a file gave."""
     name = SIZE_ALIASES.get(model_size.lower(), model_size.upper())
     if name not in NAMED_SIZES:
         raise UserInputError(f"model_size {model_size!r} is unknown for ModernBERT; use one of "
                              f"{', '.join(NAMED_SIZES)} or {', '.join(SIZE_ALIASES)}, or give a config.json.")
     layers, hidden, inner = NAMED_SIZES[name]
+    return layers, hidden, inner, hidden // 64
+
+
+def modernbert_config_for_size(model_size: str, vocab_size: int | None = None,
+                               max_position_embeddings: int | None = None, **overrides) -> ModernBertConfig:
+    """A named size (``base``, ``large``, ``L4-H256``...) as a ModernBertConfig. ``vocab_size`` and
+    ``max_position_embeddings`` default to the published 50368 and 8192; another vocab needs its token ids in
+    ``overrides`` (``pad_token_id=0``...); any other field may be overridden too."""
+    layers, hidden, inner, heads = named_shape(model_size)
     config = ModernBertConfig()
     shape = {"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": inner,
-             "num_attention_heads": hidden // 64}
+             "num_attention_heads": heads}
     if vocab_size is not None:
         shape["vocab_size"] = vocab_size
     if max_position_embeddings is not None:
