@@ -1,5 +1,6 @@
 """A run resolved once, the same for both backends: its configuration completed from its data, the vocab, the
-model's shape, the batch geometry and the learning-rate schedule (:class:`RunPlan`)."""
+model's shape, the batch geometry, the learning-rate schedule and, once its backend found them, what it does on its
+devices (:class:`RunPlan`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..models.bert_config import BertConfig
 from ..models.families import ModelFamily, family_named
 from ..models.modernbert_config import ModernBertConfig
 from ..models.shape_request import ShapeRequest
+from .device_decision import DeviceDecision, FoundDevices, check_batch_split, decide_devices, eval_batch_size
 from .document_masks import decide_document_masks
 from .overfit import auto_eval_every_steps
 from .run_folder import RunFolder
@@ -30,7 +32,9 @@ class RunPlan:
 
     Every setting left to be decided ("auto", -1, 0, the recipe, the data's shapes, the backend, document masks) is
     decided here, once, and the plan's settings are frozen: a changed run (resumed on its recorded schedule, another
-    batch tried by the plan command) is a new plan (:meth:`resumed`, :meth:`with_batch`), never an edit.
+    batch tried by the plan command) is a new plan (:meth:`resumed`, :meth:`with_batch`), never an edit. What the
+    devices decide (precision, XLA, steps per call, the eval batch) is decided once the backend has found them: the
+    plan :meth:`on_devices` holds it (:mod:`.device_decision`), and the backends read it.
     """
 
     config: Config  # completed from the data and frozen (the caller's is unchanged)
@@ -40,6 +44,7 @@ class RunPlan:
     warmup_was_auto: bool  # num_warmup_steps was -1: a resumed run keeps the warmup its checkpoint recorded
     planned_schedule: Schedule  # what the settings ask for from step 0
     schedule: Schedule  # what the run follows: the planned one, or re-planned on resume
+    devices: DeviceDecision | None = None  # what the run does on its devices (:meth:`on_devices`); None: not found yet
 
     @classmethod
     def resolve(cls, config: Config, backend: str | None = None) -> RunPlan:
@@ -96,9 +101,24 @@ class RunPlan:
         return replace(self, config=config, planned_schedule=planned_schedule, schedule=schedule), change
 
     def with_batch(self, batch: int, accumulation: int) -> RunPlan:
-        """This plan with global batches of ``batch`` in ``accumulation`` micro-batches (the plan command's search)."""
-        return replace(self, config=self.config.replaced(train_batch_size=batch,
+        """This plan with global batches of ``batch`` in ``accumulation`` micro-batches (the plan command's search);
+        its devices' decision made again for that batch, quietly (said once, for the batch asked for)."""
+        plan = replace(self, config=self.config.replaced(train_batch_size=batch,
                                                          gradient_accumulation_steps=accumulation))
+        if self.devices is None:
+            return plan
+        d = self.devices
+        fixed = {"precision": d.precision, "jit_compile": d.jit_compile}  # as decided: the devices have not changed
+        return replace(plan, devices=decide_devices(d.backend, d.found, plan.config.train, self.data, **fixed,
+                                                    say=False))
+
+    def on_devices(self, backend: str, found: FoundDevices, precision: str | None = None,
+                   jit_compile: bool | None = None) -> RunPlan:
+        """This plan on the devices ``backend`` found: precision, XLA, steps per call and the eval batch decided
+        (``auto``/0) with their reasons, logged; the batch checked to split over the replicas. ``precision`` and
+        ``jit_compile``: fixed by whoever made the device object (a test, a benchmark, a probe)."""
+        decision = decide_devices(backend, found, self.config.train, self.data, precision, jit_compile)
+        return replace(self, devices=decision)
 
     @property
     def family(self) -> ModelFamily:
@@ -313,28 +333,6 @@ def _say_the_size_trained(config: Config, model_config, family: ModelFamily) -> 
                 "is trained, as its weights decide it; the run's config.json records no model_size. Leave "
                 "--model_size out with an init checkpoint.", m.model_size, source, layers, hidden, inner, heads)
     m.model_size = ""
-
-
-def check_batch_split(t: TrainConfig, replicas: int) -> None:
-    """The global batch must split evenly over the replicas and the accumulated micro-batches."""
-    k = t.gradient_accumulation_steps
-    if t.train_batch_size % (replicas * k):
-        raise UserInputError(f"train_batch_size={t.train_batch_size} must be a multiple of replicas ({replicas}) x "
-                             f"gradient_accumulation_steps ({k}) = {replicas * k}.")
-
-
-def eval_batch_size(t: TrainConfig, data: DataInfo, replicas: int) -> int:
-    """The global eval batch: eval_batch_size (or the training batch), at most the eval set, split evenly."""
-    if not data.eval_files:
-        return 0
-    size = t.eval_batch_size or t.train_batch_size
-    if data.eval_instances is not None:
-        size = min(size, data.eval_instances)
-    size -= size % replicas
-    if not size:
-        log.warning("Too few eval instances (%s) for %s replicas: evaluation is skipped.", data.eval_instances,
-                    replicas)
-    return size
 
 
 def check_data_fills_a_batch(t: TrainConfig, data: DataInfo) -> None:

@@ -1,4 +1,5 @@
-"""The JAX devices to train on, the data-parallel mesh over them, and the precision to train in.
+"""The JAX devices to train on, the data-parallel mesh over them, and what was found for the run's plan to decide the
+precision from (:mod:`..core.device_decision`).
 
 Every device is one data-parallel replica: the weights are replicated and each batch is split
 along its examples (8 cores on Kaggle's v5e-8, 1 chip on Colab's v5e-1, the logical CPU devices of
@@ -9,16 +10,15 @@ each process holds the rows of a batch that land on its own devices (:meth:`Devi
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ..core.device_decision import DeviceDecision, FoundDevices
 from ..errors import UserInputError
 
-log = logging.getLogger(__name__)
 AXIS = "data"
 
 
@@ -28,7 +28,7 @@ class Devices:
 
     kind: str  # "tpu", "gpu" or "cpu"
     devices: list
-    precision: str  # "float32", "bfloat16" or "float16" (with loss scaling, in the trainer)
+    precision: str | None = None  # "float32", "bfloat16" or "float16" (loss scaled); None: the run's plan decides
     abstract: bool = False  # only compiled for, from shapes, never run on (:mod:`.plan`): a TPU described, or planned
 
     @property
@@ -76,8 +76,16 @@ class Devices:
         """Keras's policy: float32 weights, computed in the precision (``mixed_*``) unless that is float32."""
         return "float32" if self.precision == "float32" else f"mixed_{self.precision}"
 
-    def default_steps_per_execution(self) -> int:
-        return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
+    def found(self) -> FoundDevices:
+        """What was found (or described), for the run's plan to decide from
+        (:meth:`..core.resolve.RunPlan.on_devices`)."""
+        return FoundDevices(self.kind, self.num_replicas,
+                            bfloat16_native=all(_supports_bfloat16(d) for d in self.devices),
+                            float16_capable=all(_compute_at_least(d, 7.0) for d in self.devices))
+
+    def decided(self, decision: DeviceDecision) -> Devices:
+        """These devices with the precision the run's plan decided."""
+        return replace(self, precision=decision.precision)
 
     def describe(self) -> str:
         over = f" over {self.processes} processes" if self.processes > 1 else ""
@@ -98,21 +106,20 @@ def fetch(tree):
 
 def _supports_bfloat16(device) -> bool:
     """TPUs and GPUs of compute capability 8.0+ (A100, L4, H100) compute bfloat16 natively; a T4 does not."""
-    if device.platform == "tpu":
-        return True
-    capability = getattr(device, "compute_capability", None)
+    return device.platform == "tpu" or _compute_at_least(device, 8.0)
+
+
+def _compute_at_least(device, capability: float) -> bool:
+    """A GPU of compute capability ``capability`` or above (float16 tensor cores: 7.0, native bfloat16: 8.0)."""
     try:
-        return device.platform == "gpu" and float(capability) >= 8.0
+        return device.platform == "gpu" and float(getattr(device, "compute_capability", None)) >= capability
     except (TypeError, ValueError):
         return False
 
 
-def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
-    """The local devices of ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in.
-
-    ``auto`` is bfloat16 where every device computes it natively, float32 otherwise; float16 (with loss
-    scaling) only when asked for: the GPUs without bfloat16, such as Colab's and Kaggle's T4.
-    """
+def detect_devices(requested: str = "auto") -> Devices:
+    """The devices of ``requested`` ("auto", "tpu", "gpu", "cpu") over every process; the precision to train in is
+    the run's plan's to decide (:meth:`Devices.found`)."""
     kind = jax.default_backend() if requested == "auto" else requested
     try:
         devices = jax.devices(backend=kind)  # every process's: the mesh spans them all
@@ -120,22 +127,4 @@ def detect_devices(requested: str = "auto", precision: str = "auto") -> Devices:
         raise UserInputError(f"accelerator={requested}: JAX sees no {kind.upper()} here (its devices: "
                              f"{jax.devices()}). On a TPU VM install the TPU build: pip install 'jax[tpu]'; on a GPU: "
                              "pip install 'jax[cuda12]'. Or use --accelerator auto.") from None
-    result = Devices(kind, list(devices), training_precision(kind, devices, precision))
-    log.info("JAX devices: %s", result.describe())
-    return result
-
-
-def training_precision(kind: str, devices: list, requested: str = "auto") -> str:
-    """The precision to train in: ``requested``, or (auto) bfloat16 where every device computes it natively.
-
-    A TPU is refused float16: it computes bfloat16 natively, and float16's loss scaling would only cost steps."""
-    native = all(_supports_bfloat16(d) for d in devices)
-    if requested == "auto":
-        return "bfloat16" if native and kind != "cpu" else "float32"
-    if requested == "float16" and kind == "tpu":
-        raise UserInputError("mixed_precision=float16 on a TPU: TPUs compute bfloat16 natively (no loss scaling, no "
-                             "overflow). Use --mixed_precision auto (or bfloat16).")
-    if requested == "float16" and native:
-        log.warning("mixed_precision=float16 on %s, which computes bfloat16 natively: bfloat16 needs no loss "
-                    "scaling and cannot overflow (--mixed_precision bfloat16).", kind.upper())
-    return requested
+    return Devices(kind, list(devices))

@@ -80,15 +80,16 @@ def _quiet_stderr():
             os.close(saved)
 
 
-def target_devices(target: TpuTarget | None, precision: str = "auto"):
-    """The :class:`.devices.Devices` to compile for: a described slice (``target``), or the TPU here (None)."""
+def target_devices(target: TpuTarget | None):
+    """The :class:`.devices.Devices` to compile for: a described slice (``target``), or the TPU here (None); the
+    precision is the run's plan's to decide (the trainer's)."""
     import jax
 
-    from .devices import Devices, detect_devices, training_precision
+    from .devices import Devices, detect_devices
 
     if target is None:  # the chips here, compiled for from shapes too: nothing is placed on them
         try:
-            devices = detect_devices("tpu", precision)
+            devices = detect_devices("tpu")
         except UserInputError:  # its advice is train's (--accelerator); plan's is a TPU to name
             devices = None
         if devices is None or devices.kind != "tpu":
@@ -111,7 +112,7 @@ def target_devices(target: TpuTarget | None, precision: str = "auto"):
         log.warning("This TPU compiler (libtpu %s) needs far more host memory and time than newer ones (measured: "
                     "over 18 GB to compile BERT-base with 0.0.23, 3.6 GB with 0.0.50): for large models plan with the "
                     "newest one (pip install -U 'jax[tpu]').", _libtpu_version())
-    return Devices("tpu", devices, training_precision("tpu", devices, precision), abstract=True)
+    return Devices("tpu", devices, abstract=True)
 
 
 def capacity_of(devices, target: TpuTarget | None) -> int:
@@ -276,7 +277,7 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
 
         devices = Devices("cpu", jax.devices("cpu"), "float32")
     else:
-        devices = target_devices(target, config.train.mixed_precision)
+        devices = target_devices(target)
     capacity = int(hbm_gib * GIB) if hbm_gib else capacity_of(devices, target)
     run_plan = RunPlan.from_settings(config)
     trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
@@ -292,10 +293,10 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
         return result
 
     asked = compile_at(batch // (r * k))
-    peak = published_peak(getattr(devices.devices[0], "device_kind", ""), devices.precision)
+    peak = published_peak(getattr(devices.devices[0], "device_kind", ""), trainer.precision)
     result = Plan(target=tpu if target is None else target.describe(), devices=r,
                   hosts=devices.processes,
-                  description=describe_run(trainer), precision=devices.precision, asked=asked,
+                  description=describe_run(trainer), precision=trainer.precision, asked=asked,
                   formula_flops=run_plan.training_flops_per_sequence(), peak_flops=peak * r if peak else None,
                   num_train_steps=t.num_train_steps, compiles=compiles,
                   versions=f"jax {jax.__version__}" + ("" if tpu == "cpu" else f", libtpu {_libtpu_version()}"),

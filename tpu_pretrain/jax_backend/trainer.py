@@ -76,9 +76,13 @@ class JaxTrainer:
         t = self.config.train
         if devices is None:  # several processes join before JAX is used: then the mesh spans all their devices
             start_processes(t.coordinator_address, t.num_processes, t.process_index)
-        self.devices = devices or detect_devices(t.accelerator, t.mixed_precision)
-        self.eval_batch_size = self.plan.batch_geometry(self.devices.num_replicas)
-        self.steps_per_execution = t.steps_per_execution or self.devices.default_steps_per_execution()
+        found = devices or detect_devices(t.accelerator)
+        self.plan = self.plan.on_devices("jax", found.found(), found.precision)
+        self.devices = found.decided(self.plan.devices)
+        if devices is None:
+            log.info("JAX devices: %s", self.devices.describe())
+        self.eval_batch_size = self.plan.devices.eval_batch_size
+        self.steps_per_execution = self.plan.devices.steps_per_execution
         self.settings = OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
         self.train_batches = self.init_report = None

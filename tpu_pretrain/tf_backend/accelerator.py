@@ -1,4 +1,5 @@
-"""Find the accelerator (TPU VM, GPUs, CPU) and return its tf.distribute strategy and precision.
+"""Find the accelerator (TPU VM, GPUs, CPU) and return its tf.distribute strategy, and what was found for the run's
+plan to decide its precision and XLA from (:mod:`..core.device_decision`).
 
 A TPU is connected through :mod:`.tpu`, which also says exactly what is wrong when it cannot be used.
 """
@@ -6,8 +7,9 @@ A TPU is connected through :mod:`.tpu`, which also says exactly what is wrong wh
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..core.device_decision import DeviceDecision, FoundDevices, decide_jit, decide_precision
 from ..runtime import tpu_vm_present
 from .cluster import Cluster, find_cluster, multi_worker_strategy
 from .framework import tf
@@ -22,8 +24,8 @@ class Accelerator:
 
     kind: str  # "tpu", "gpu" or "cpu"
     strategy: tf.distribute.Strategy
-    precision: str = "float32"  # "float32", "bfloat16" or "float16"
-    jit_compile: bool = False
+    precision: str | None = None  # "float32", "bfloat16" or "float16"; None: the run's plan decides (:meth:`decided`)
+    jit_compile: bool | None = None  # None: the run's plan decides
     devices: list[str] = field(default_factory=list)
     hardware: str = ""  # what a TPU system reported (type, chips, cores)
     cluster: Cluster | None = None  # several machines (MultiWorkerMirroredStrategy); None for one
@@ -42,9 +44,16 @@ class Accelerator:
     def policy_name(self) -> str:
         return {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}[self.precision]
 
-    def default_steps_per_execution(self) -> int:
-        """Many steps per host call on TPU (host round trips dominate), a few on GPU, 1 on CPU."""
-        return {"tpu": 100, "gpu": 20}.get(self.kind, 1)
+    def found(self) -> FoundDevices:
+        """What was found, for the run's plan to decide from (:meth:`..core.resolve.RunPlan.on_devices`)."""
+        gpus = tf.config.list_physical_devices("GPU") if self.kind == "gpu" else []
+        return FoundDevices(self.kind, self.num_replicas,
+                            bfloat16_native=self.kind == "tpu" or gpus_compute_at_least(gpus, (8, 0)),
+                            float16_capable=gpus_compute_at_least(gpus, (7, 0)))
+
+    def decided(self, decision: DeviceDecision) -> Accelerator:
+        """This accelerator with the precision and XLA its run's plan decided."""
+        return replace(self, precision=decision.precision, jit_compile=decision.jit_compile)
 
     def describe(self) -> str:
         hardware = f" ({self.hardware})" if self.hardware else ""
@@ -52,11 +61,12 @@ class Accelerator:
                 f"XLA {'on' if self.jit_compile else 'off'}")
 
 
-def gpu_supports_float16(gpus) -> bool:
-    """float16 tensor cores need compute capability 7.0+ (T4: 7.5, V100: 7.0; P100: 6.0)."""
+def gpus_compute_at_least(gpus, capability: tuple[int, int]) -> bool:
+    """Every GPU of compute capability ``capability`` or above: float16 tensor cores need 7.0+ (T4: 7.5, V100: 7.0;
+    P100: 6.0), native bfloat16 8.0+ (A100, L4, H100). False without GPUs."""
     for gpu in gpus:
-        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-        if not capability or tuple(capability) < (7, 0):
+        found = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        if not found or tuple(found) < capability:
             return False
     return bool(gpus)
 
@@ -69,7 +79,19 @@ def gpu_name() -> str:
 
 def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_compile: str = "auto",
                        tpu_name: str = "local", worker_hosts: str = "", task_index: int = 0) -> Accelerator:
-    """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu") and the precision to train in.
+    """The accelerator :func:`find_accelerator` finds, with the precision and XLA that a run with these settings
+    decides on it (:mod:`..core.device_decision`): for the probes and benchmarks that hand a trainer their own."""
+    found = find_accelerator(requested, tpu_name=tpu_name, worker_hosts=worker_hosts, task_index=task_index)
+    devices = found.found()
+    acc = replace(found, precision=decide_precision("tensorflow", devices, precision)[0],
+                  jit_compile=decide_jit("tensorflow", devices, jit_compile)[0])
+    log.info("Accelerator: %s", acc.describe())
+    return acc
+
+
+def find_accelerator(requested: str = "auto", *, tpu_name: str = "local", worker_hosts: str = "",
+                     task_index: int = 0) -> Accelerator:
+    """The strategy for ``requested`` ("auto", "tpu", "gpu", "cpu"); its precision and XLA left to the run's plan.
 
     A TPU pod slice is one named TPU (``tpu_name``) whose hosts each feed their replicas; several GPU or CPU
     machines (``worker_hosts`` or ``TF_CONFIG``) train with MultiWorkerMirroredStrategy (:mod:`.cluster`).
@@ -102,18 +124,8 @@ def detect_accelerator(requested: str = "auto", *, precision: str = "auto", jit_
         else:
             strategy = tf.distribute.get_strategy()
         kind, devices = "cpu", [d.name for d in cpus]
-    if precision == "auto":
-        if kind == "tpu":
-            precision = "bfloat16"
-        elif kind == "gpu" and gpu_supports_float16(tf.config.list_physical_devices("GPU")):
-            precision = "float16"
-        else:
-            precision = "float32"
-    jit = {"on": True, "off": False}.get(jit_compile, kind in ("tpu", "gpu"))
     name = gpu_name() if kind == "gpu" else name
-    acc = Accelerator(kind, strategy, precision, jit, devices, hardware, cluster, name)
-    log.info("Accelerator: %s", acc.describe())
-    return acc
+    return Accelerator(kind, strategy, None, None, devices, hardware, cluster, name)
 
 
 def set_precision_policy(accelerator: Accelerator) -> None:

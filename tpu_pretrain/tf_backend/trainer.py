@@ -20,7 +20,7 @@ from ..core.resolve import RunPlan
 from ..core.schedules import Schedule
 from ..data.data_folder import DataInfo, corrupt_shard_error
 from ..errors import UserInputError
-from .accelerator import Accelerator, detect_accelerator, set_precision_policy
+from .accelerator import Accelerator, find_accelerator, set_precision_policy
 from .framework import tf
 from .input import DynamicMasking, distributed_dataset
 from .model import build_pretraining_model, dropout_seed
@@ -52,12 +52,15 @@ class Trainer:
         self.data, self.model_config = self.plan.data, self.plan.model_config
         self.vocab, self.with_nsp = self.plan.vocab, self.plan.with_nsp
         t = self.config.train
-        self.accelerator = accelerator or detect_accelerator(
-            t.accelerator, precision=t.mixed_precision, jit_compile=t.jit_compile, tpu_name=t.tpu_name,
-            worker_hosts=t.worker_hosts, task_index=t.task_index)
+        found = accelerator or find_accelerator(t.accelerator, tpu_name=t.tpu_name, worker_hosts=t.worker_hosts,
+                                                task_index=t.task_index)
+        self.plan = self.plan.on_devices("tensorflow", found.found(), found.precision, found.jit_compile)
+        self.accelerator = found.decided(self.plan.devices)
+        if accelerator is None:
+            log.info("Accelerator: %s", self.accelerator.describe())
         self.strategy = self.accelerator.strategy
-        self.eval_batch_size = self.plan.batch_geometry(self.accelerator.num_replicas)
-        self.steps_per_execution = t.steps_per_execution or self.accelerator.default_steps_per_execution()
+        self.eval_batch_size = self.plan.devices.eval_batch_size
+        self.steps_per_execution = self.plan.devices.steps_per_execution
         self.example_ids: list[tuple[int, list[int]]] = []
         self.init_report = None
         self._build()
