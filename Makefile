@@ -12,6 +12,11 @@ TPU_VENV := .venv-tpu
 # environment checks, the model, checkpoints and the export; the demo before them (40 steps: the path, not the
 # figures) trains, evaluates and exports end to end. Training, resume and compilation run in the main suite: they
 # were run here again (about 10 minutes) and found nothing the demo does not reach.
+# Every suite runs on TEST_WORKERS pytest-xdist workers, each test file whole on one (its module fixtures made once):
+# the tests wait on processes, sockets and files about a third of their time, so two workers on two cores took the
+# main suite from 38 to 24 minutes (docs/development.md).
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 TPU_STACK_TESTS := tests/test_tpu_stack.py tests/tf_backend/test_model.py tests/core/test_checkpoints.py \
 	tests/export/test_evaluation_export.py
 
@@ -45,7 +50,7 @@ test:
 	$(MAKE) --no-print-directory test-tpu-stack
 
 test-main: lint
-	$(BIN)/python -m pytest -q -ra; rc=$$?; \
+	$(BIN)/python $(PYTEST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 # The TPU environment, built by the code the notebooks run on a TPU VM (reused while its files are unchanged),
@@ -56,7 +61,7 @@ install-tpu-stack: $(STAMP)
 test-tpu-stack: install-tpu-stack
 	rm -rf $(TPU_VENV)/demo_run
 	$(TPU_VENV)/bin/python -c "from tpu_pretrain.demo import run_demo; run_demo('$(TPU_VENV)/demo_run', steps=40)"
-	$(TPU_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(TPU_STACK_TESTS)
+	$(TPU_VENV)/bin/python $(PYTEST) -p no:cacheprovider $(TPU_STACK_TESTS)
 
 # -- The JAX backend without TensorFlow or bert4keras, as on Colab's TPU image: .venv-jax --------------
 # Keras 3 + JAX (CPU) and what the package's training and export need; the package itself with --no-deps
@@ -66,7 +71,7 @@ JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
 JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2" "tokenizers>=0.20" "jieba>=0.42" \
 	"google-cloud-storage>=2.14" "google-crc32c>=1.5" tqdm pyyaml psutil setuptools matplotlib "numba>=0.59" \
-	pytest safetensors "transformers>=4.40" torch==2.13.0
+	pytest pytest-xdist safetensors "transformers>=4.40" torch==2.13.0
 
 install-jax-stack: $(JAX_STAMP)
 
@@ -79,7 +84,7 @@ $(JAX_STAMP): setup.cfg pyproject.toml Makefile
 	touch $@
 
 test-jax-stack: $(JAX_STAMP)
-	$(JAX_VENV)/bin/python -m pytest -q -ra tests/jax_backend
+	$(JAX_VENV)/bin/python $(PYTEST) tests/jax_backend
 
 
 # -- The free TPUs' images, package for package, on the CPU: .venv-colab (Python 3.13) and .venv-kaggle (3.12) -------
@@ -95,8 +100,8 @@ IMAGE_TESTS := tests/jax_backend/test_plan.py tests/test_notebooks.py -m tpu_ima
 install-tpu-images: .venv-colab/.installed .venv-kaggle/.installed
 
 test-tpu-images: install-tpu-images
-	TPU_PRETRAIN_IMAGE=colab .venv-colab/bin/python -m pytest -q -ra -p no:cacheprovider $(IMAGE_TESTS)
-	TPU_PRETRAIN_IMAGE=kaggle .venv-kaggle/bin/python -m pytest -q -ra -p no:cacheprovider $(IMAGE_TESTS)
+	TPU_PRETRAIN_IMAGE=colab .venv-colab/bin/python $(PYTEST) -p no:cacheprovider $(IMAGE_TESTS)
+	TPU_PRETRAIN_IMAGE=kaggle .venv-kaggle/bin/python $(PYTEST) -p no:cacheprovider $(IMAGE_TESTS)
 
 
 # -- The demo's own environment, .venv-demo: the package and the JAX backend (Keras 3 on JAX, CPU), nothing else ----

@@ -4,20 +4,30 @@ cache."""
 
 import atexit
 import errno
+import os
 import shutil
 import subprocess
 import tempfile
 import uuid
 
 import pytest
-from fault_injection import ENV
+from fault_injection import ENV, QUICK_XLA
 from storage_emulator import Emulator, use_emulator
 
 # The processes the tests start (``env=ENV``) share JAX's persistent compilation cache: the same small programs are
 # compiled again and again in new processes (each kill and resume, each process of a launch), and a cached one
 # loads in about 2 s instead of 10 on two cores. This process keeps compiling its own (its tests time compiles).
-_JAX_CACHE = tempfile.mkdtemp(prefix="tpu-pretrain-tests-jax-cache-")
-atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+# Under pytest-xdist the controller makes the folder and its workers share it (they inherit its environment).
+_JAX_CACHE = os.environ.get("TPU_PRETRAIN_TESTS_JAX_CACHE")
+if not _JAX_CACHE:
+    _JAX_CACHE = os.environ["TPU_PRETRAIN_TESTS_JAX_CACHE"] = tempfile.mkdtemp(prefix="tpu-pretrain-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+# The processes the tests start compile at XLA's optimisation level 0: they run a few steps of small models, so
+# compiling is most of their time, and unoptimised code compiles in about half of it. (In the test processes
+# themselves it gained nothing: TensorFlow's tests do not use XLA on the CPU.) The image-exact environments compile
+# for TPUs, whose compiler is not the one under test here: left as is.
+if not os.environ.get("TPU_PRETRAIN_IMAGE") and QUICK_XLA not in ENV.get("XLA_FLAGS", ""):
+    ENV["XLA_FLAGS"] = f"{ENV.get('XLA_FLAGS', '')} {QUICK_XLA}".strip()
 ENV.update({"JAX_COMPILATION_CACHE_DIR": _JAX_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
 
@@ -74,3 +84,14 @@ def _fill(path):
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
+
+
+# Under pytest-xdist (`make test`) each test file runs whole on one worker, and the workers take the files in
+# collection order: the longest start first, so that no worker is left alone with one of them at the end.
+LONGEST_FIRST = ("test_notebooks.py", "test_benchmarks.py", "test_modernbert_training.py", "test_multiprocess.py",
+                 "test_faults.py", "test_parity.py", "test_probe.py", "test_jax_stack.py", "test_resume.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

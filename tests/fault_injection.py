@@ -19,6 +19,8 @@ from tpu_pretrain.data.vocab import build_vocab
 
 STEPS = 300
 ENV = {**os.environ, "TF_DETERMINISTIC_OPS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+# XLA's unoptimised code: compiles in about half the time, and the tests run a few steps (tests/conftest.py)
+QUICK_XLA = "--xla_backend_optimization_level=0"
 
 
 def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, workers: int = 0, vocab_size: int = 1500,

@@ -21,7 +21,7 @@ if importlib.util.find_spec("tensorflow") is not None or importlib.util.find_spe
     pytest.skip("for the environment without TensorFlow (make test-jax-stack)", allow_module_level=True)
 pytest.importorskip("jax")
 
-from fault_injection import ENV, example_ids_by_step, sample_data, train_command  # noqa: E402
+from fault_injection import ENV, QUICK_XLA, example_ids_by_step, sample_data, train_command  # noqa: E402
 from jax_runs import probe_task, use_a_jax_run_to_the_end  # noqa: E402
 
 from tpu_pretrain.errors import UserInputError  # noqa: E402
@@ -86,7 +86,7 @@ NO_DROPOUT = ["--hidden_dropout_prob", "0"]  # other micro-batch shapes draw oth
 def quick(devices: int = 1) -> dict:
     """The training processes' environment: ``devices`` CPU devices, and XLA's unoptimised code (level 0), which
     compiles in about half the CPU time: these runs take a few steps."""
-    return {**ENV, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"}
+    return {**ENV, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {QUICK_XLA}"}
 
 
 @pytest.fixture(scope="module")

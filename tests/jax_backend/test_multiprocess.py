@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fault_injection import ENV, sample_data
+from fault_injection import ENV, QUICK_XLA, sample_data
 
 if importlib.util.find_spec("tensorflow") is not None:  # the JAX backend's own tests run once, where JAX runs
     pytest.skip("for the environment without TensorFlow (make test-jax-stack)", allow_module_level=True)
@@ -54,7 +54,7 @@ def environment(devices: int) -> dict:
     """``devices`` CPU devices; XLA's unoptimised code (level 0), which compiles in about half the CPU time: these
     runs take a few steps, and every process of a launch compiles its program."""
     return {**ENV, "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"}
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {QUICK_XLA}"}
 
 
 def start(data_dir: str, run: Path, processes: int, devices: int, *extra: str) -> list:

@@ -20,8 +20,6 @@ from tpu_pretrain.data.data_folder import read_manifest
 
 STEPS = 12
 NO_DROPOUT = ("--hidden_dropout_prob", "0")  # dropout's random masks make the training call compile 2-3 times as slowly
-# The processes' XLA code unoptimised (level 0): it compiles in about half the CPU time, and the runs take 12 steps.
-QUICK = {**ENV, "XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
 def train_args(data_dir, run, *extra) -> list[str]:
@@ -45,7 +43,7 @@ def test_a_terminal_gets_a_live_bar_and_training_and_evaluate_report_one_figure(
     batch = next(b for b in (8, 7, 6, 5) if sequences % b)  # a last, shorter eval batch
     assert sequences > batch
     assert sequences < 100 * batch  # max_eval_steps' default reads them all
-    out = in_a_terminal(["env", f"XLA_FLAGS={QUICK['XLA_FLAGS']}", *train_args(
+    out = in_a_terminal(["env", f"XLA_FLAGS={ENV['XLA_FLAGS']}", *train_args(
         nsp_data, run, "--recipe", "classic", "--steps_per_execution", "1", "--eval_batch_size", str(batch),
         "--log_every_steps", "6", *NO_DROPOUT)], columns=220)
     assert "Recipe: classic (as configured: Google's BERT recipe" in out
@@ -59,7 +57,7 @@ def test_a_terminal_gets_a_live_bar_and_training_and_evaluate_report_one_figure(
     assert f"eval ({sequences} sequences) MLM accuracy" in out  # the summary
 
     done = subprocess.run([sys.executable, "-m", "tpu_pretrain", "evaluate", str(run), "--sentence",
-                           "The [MASK][MASK] of the file is read."], capture_output=True, text=True, env=QUICK,
+                           "The [MASK][MASK] of the file is read."], capture_output=True, text=True, env=ENV,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     evaluation = json.loads((run / "evaluation.json").read_text())
@@ -83,7 +81,7 @@ def test_a_pipe_gets_no_bar_and_mlm_only_figures_are_not_doubled(tmp_path):
     assert "random next" not in summary and "packed" in summary  # MLM-only data has no such pairs
     run = tmp_path / "run"
     done = subprocess.run(train_args(data, run, "--steps_per_execution", str(STEPS), "--log_every_steps", str(STEPS)),
-                          capture_output=True, text=True, env=QUICK, timeout=600)
+                          capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout + done.stderr
     assert "\r" not in out and "%|" not in out  # not a terminal: no bar
