@@ -32,7 +32,7 @@ def test_a_cold_compile_is_said_once_and_a_cached_one_not_at_all(tmp_path):
     cache = tmp_path / "numba-cache"
     cold = create_data(corpus, vocab, tmp_path / "first", cache, workers=2)  # two workers compiling at once
     lines = [line for line in cold.splitlines() if line.startswith(NOTICE)]
-    assert lines == ["Compiling the fast tokenizer and masking paths (once per machine, about 40 s on two cores)..."], \
+    assert lines == ["Compiling the fast tokenizer and masking paths (once per install, about 40 s on two cores)..."], \
         cold
     assert any(cache.rglob("*.nbi"))  # and the compiled code was cached where NUMBA_CACHE_DIR says
     warm = create_data(corpus, vocab, tmp_path / "second", cache, workers=1)  # in this process: loaded, not compiled

@@ -98,7 +98,7 @@ def _say_compiling() -> None:
             os.close(os.open(shared, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return
-    when = "once per machine" if _cache_ok else "at each start: no folder can keep the compiled code"
+    when = "once per install" if _cache_ok else "at each start: no folder can keep the compiled code"
     print(COMPILING.format(when=when), file=sys.stderr, flush=True)  # a worker process has no logging set up
 
 
