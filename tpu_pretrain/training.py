@@ -9,6 +9,7 @@ offer are refused here, before any data is read.
 from __future__ import annotations
 
 import logging
+import re
 
 from .backend import AUTO, TENSORFLOW, check_offered, choose_backend, required_backend
 from .config import MODERN_RECIPE, Config
@@ -40,8 +41,32 @@ def train(config: Config | None = None, *, progress: bool | None = None, set_asi
         raise UserInputError("Set output_dir: the run folder (config, logs and weights go there).")
     check_writable_folder(output_dir)
     check_not_past_the_end(output_dir, config.train.num_train_steps)
-    return run_training(make_trainer(config), output_dir, progress=progress,
-                        set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
+    trainer = make_trainer(config)
+    try:
+        return run_training(trainer, output_dir, progress=progress,
+                            set_aside_damaged_checkpoints=set_aside_damaged_checkpoints)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise UserInputError(out_of_memory_advice(trainer.config, exc)) from exc
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """The device (or, on a CPU, the machine) refused the step's memory: JAX's ``RESOURCE_EXHAUSTED: Out of memory``,
+    TensorFlow's ``OOM when allocating`` (not its ResourceExhaustedError for a full disk)."""
+    return bool(re.search(r"out of memory|OOM when allocating", str(exc), re.IGNORECASE))
+
+
+def out_of_memory_advice(config: Config, exc: BaseException) -> str:
+    """What to change when the step does not fit, naming the settings that decide its memory."""
+    t, m = config.train, config.model
+    model = f"{family_named(m.model_family).title} {m.model_size or 'of ' + (m.bert_config_file or m.init_checkpoint)}"
+    first_line = str(exc).strip().splitlines()[0][:200]
+    return (f"The training step does not fit in memory: {model} at train_batch_size {t.train_batch_size} in "
+            f"{t.gradient_accumulation_steps} micro-batch(es) of max_seq_length {config.data.max_seq_length} "
+            f"({first_line}). Lower --train_batch_size, or keep it and raise --gradient_accumulation_steps (the same "
+            "batch in smaller micro-batches), or train a smaller --model_size; `tpu-pretrain plan` finds the largest "
+            "batch that fits a TPU without one. The checkpoints already saved are kept.")
 
 
 def check_not_past_the_end(output_dir: str, num_train_steps: int) -> None:
