@@ -145,7 +145,8 @@ def test_existing_vocab_problems_are_named(tmp_path):
 def test_too_small_vocab_says_what_size_is_needed(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(chr(0x4E00 + i) * 2 + "\n" for i in range(400)))
-    with pytest.raises(UserInputError, match=r"vocab_size=300 is too small.*raise vocab_size to at least"):
+    needed = r"vocab_size=300 is too small.* need (\d+); raise vocab_size to at least \1 \(about"  # the same number
+    with pytest.raises(UserInputError, match=needed):
         build_vocab(Config.load(input=[str(corpus)], vocab_size=300, num_unused_tokens=10,
                                 output_dir=str(tmp_path)))
 
@@ -204,7 +205,7 @@ def test_the_advice_keeps_pieces_seen_several_times_and_is_then_silent(tmp_path)
     rare = sum(uses[t] < MIN_USES for t in tokens[first_piece:first_piece + pieces])
     assert f"{rare} of the {pieces} pieces occur fewer than {MIN_USES} times" in out
     advised = 20000 - padding - rare
-    assert f"Use --vocab_size {advised} (keeps the pieces seen at least {MIN_USES} times)" in out
+    assert f"Use --vocab_size {advised} --overwrite (keeps the pieces seen at least {MIN_USES} times)" in out
     assert advised < (20000 - padding) / 2  # the old advice kept every piece, most of them seen once or twice
     again = vocab_cli("--input", corpus, "--vocab_size", advised, "--output_dir", tmp_path / "advised")
     assert again.returncode == 0 and "warning" not in again.stdout, again.stdout  # the advice taken: no more said
@@ -258,7 +259,7 @@ def test_a_vocab_of_characters_alone_claims_no_rare_pieces():
 
     text = VocabResult("v/vocab.txt", 6000, 300, 2582, 0, 3418, "300 lines", padding=3318).summary()
     assert "0 of the 0 pieces" not in text and "the 3318 extra [unusedN] are placeholders" in text
-    assert "Use --vocab_size 2682 (the characters and tokens the sample gives)" in text
+    assert "Use --vocab_size 2682 --overwrite (the characters and tokens the sample gives)" in text
 
 
 def test_the_placeholder_counts_agree_between_the_first_line_and_the_warning(tmp_path):

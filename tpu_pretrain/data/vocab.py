@@ -159,8 +159,8 @@ class VocabResult:
             keeps = (f"keeps the pieces seen at least {MIN_USES} times" if self.pieces else
                      "the characters and tokens the sample gives")
             advised = self.vocab_size - self.padding - self.rare_pieces
-            text += (f"\nwarning: {'; and '.join(said)}. Use --vocab_size {advised} ({keeps}), or give more text "
-                     "(more --input, a larger --vocab_sample_lines).")
+            text += (f"\nwarning: {'; and '.join(said)}. Use --vocab_size {advised} --overwrite ({keeps}), or give "
+                     "more text (more --input, a larger --vocab_sample_lines).")
         return text
 
 
@@ -248,7 +248,8 @@ def wordpiece_tokens(
         raise UserInputError(
             f"vocab_size={vocab_size} is too small: the sample has {len(char_tokens)} distinct characters and "
             f"continuation characters, which with 5 special tokens and num_unused_tokens={num_unused} need "
-            f"{fixed}; raise vocab_size to at least {fixed + 1000} or lower num_unused_tokens."
+            f"{fixed}; raise vocab_size to at least {fixed} (about {fixed + 1000} leaves room for a thousand word "
+            "pieces) or lower num_unused_tokens."
         )
     tokens = list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)] + char_tokens
     seen = set(tokens)
