@@ -18,7 +18,7 @@ from ..models.bert_config import BertConfig
 from ..models.families import ModelFamily, family_named
 from ..models.modernbert_config import ModernBertConfig
 from ..models.shape_request import ShapeRequest
-from .device_decision import DeviceDecision, FoundDevices, check_batch_split, decide_devices, eval_batch_size
+from .device_decision import DeviceDecision, FoundDevices, decide_devices
 from .document_masks import decide_document_masks
 from .overfit import auto_eval_every_steps
 from .run_folder import RunFolder
@@ -131,11 +131,6 @@ class RunPlan:
     def training_flops_per_sequence(self) -> float:
         d = self.config.data
         return self.family.training_flops(self.model_config, d.max_seq_length, d.max_predictions_per_seq)
-
-    def batch_geometry(self, replicas: int) -> int:
-        """Check the global batch splits over ``replicas``; returns the global eval batch size (0: no eval)."""
-        check_batch_split(self.config.train, replicas)
-        return eval_batch_size(self.config.train, self.data, replicas)
 
 
 def _decide_run_settings(config: Config, data: DataInfo, backend: str | None) -> None:

@@ -283,7 +283,6 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
     trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
     t = trainer.config.train
     batch, k, r = t.train_batch_size, t.gradient_accumulation_steps, devices.num_replicas
-    run_plan.batch_geometry(r)
     compiles: list[StepCompile] = []
 
     def compile_at(per_device: int, accumulation: int = k) -> StepCompile:
