@@ -136,6 +136,7 @@ class VocabResult:
     padding: int = 0  # [unusedN] added because the sample yielded too few pieces for vocab_size
     continuation_characters: int = 0  # of ``characters``, the ##c forms
     rare_pieces: int = 0  # pieces the sample's tokenisation uses fewer than MIN_USES times
+    advised_size: int = 0  # a size checked to say nothing more (0: none needed)
 
     def summary(self) -> str:
         plain = self.characters - self.continuation_characters
@@ -150,7 +151,7 @@ class VocabResult:
             f"{characters} + {self.pieces} SentencePiece pieces{extra}, "
             f"from a sample of {self.sample_lines} lines.\nCorpus: {self.corpus_report}"
         )
-        if self.padding or self.rare_pieces > self.pieces // 4:
+        if wants_fewer(self.padding, self.rare_pieces, self.pieces):
             said = [f"{self.rare_pieces} of the {self.pieces} pieces occur fewer than {MIN_USES} times in the "
                     "tokenised sample, too few to learn them from"] if self.pieces else []  # none: nothing to count
             if self.padding:
@@ -158,7 +159,7 @@ class VocabResult:
                             "sample yielded no more pieces")
             keeps = (f"keeps the pieces seen at least {MIN_USES} times" if self.pieces else
                      "the characters and tokens the sample gives")
-            advised = self.vocab_size - self.padding - self.rare_pieces
+            advised = self.advised_size or self.vocab_size - self.padding - self.rare_pieces  # first cut if unchecked
             text += (f"\nwarning: {'; and '.join(said)}. Use --vocab_size {advised} --overwrite ({keeps}), or give "
                      "more text (more --input, a larger --vocab_sample_lines).")
         return text
@@ -183,16 +184,51 @@ def build_vocab(config, overwrite: bool = False) -> VocabResult:
         raise UserInputError(f"The corpus ({', '.join(reader.files[:3])}) has no usable line to build a vocab from: "
                              f"{reader.stats.report()}.")
     words_per_line = pretokenize(sample, d.do_lower_case)
-    tokens, n_chars, n_pieces = wordpiece_tokens(words_per_line, v.vocab_size, v.num_unused_tokens,
-                                                 v.sentencepiece_model_type, d.random_seed)
-    _write_vocab(out, tokens)
-    unused = sum(t.startswith("[unused") for t in tokens)
-    first_piece = len(tokens) - (unused - v.num_unused_tokens) - n_pieces
+    vocab = _vocab_of_size(words_per_line, v.vocab_size, v, d.random_seed)
+    _write_vocab(out, vocab.tokens)
+    return VocabResult(str(out), len(vocab.tokens), len(sample), vocab.characters, vocab.pieces,
+                       v.num_unused_tokens + vocab.padding, reader.stats.report(), padding=vocab.padding,
+                       continuation_characters=vocab.continuation_characters, rare_pieces=vocab.rare_pieces,
+                       advised_size=_settled_size(words_per_line, vocab, v, d.random_seed))
+
+
+def wants_fewer(padding: int, rare_pieces: int, pieces: int) -> bool:
+    """Whether the entries the sample cannot teach (placeholders it yielded no pieces for, rare pieces) are over a
+    quarter of its pieces: a few are the price of any size; thousands are a model spent on noise."""
+    return padding + rare_pieces > pieces // 4
+
+
+@dataclass
+class _SizedVocab:
+    tokens: list[str]
+    characters: int
+    continuation_characters: int
+    pieces: int
+    padding: int
+    rare_pieces: int
+
+
+def _vocab_of_size(words_per_line: list[list[str]], vocab_size: int, v, seed: int) -> _SizedVocab:
+    """The vocab of one size from the sample, with the counts its summary and its advice need."""
+    tokens, n_chars, n_pieces = wordpiece_tokens(words_per_line, vocab_size, v.num_unused_tokens,
+                                                 v.sentencepiece_model_type, seed)
+    padding = sum(t.startswith("[unused") for t in tokens) - v.num_unused_tokens
+    first_piece = len(tokens) - padding - n_pieces
     uses = token_uses(tokens, words_per_line)
-    return VocabResult(str(out), len(tokens), len(sample), n_chars, n_pieces, unused, reader.stats.report(),
-                       padding=unused - v.num_unused_tokens,
-                       continuation_characters=sum(t.startswith("##") for t in tokens[:first_piece]),
-                       rare_pieces=sum(n < MIN_USES for n in uses[first_piece:first_piece + n_pieces]))
+    return _SizedVocab(tokens, n_chars, sum(t.startswith("##") for t in tokens[:first_piece]), n_pieces, padding,
+                       sum(n < MIN_USES for n in uses[first_piece:first_piece + n_pieces]))
+
+
+def _settled_size(words_per_line: list[list[str]], vocab: _SizedVocab, v, seed: int, rounds: int = 4) -> int:
+    """The size to advise, built and checked here: a smaller vocab learns other pieces, some of them rare again, so
+    the first cut (drop the placeholders and the rare pieces) is rebuilt until the warning would not come back."""
+    size = 0
+    for _ in range(rounds):
+        if not wants_fewer(vocab.padding, vocab.rare_pieces, vocab.pieces):
+            break
+        size = len(vocab.tokens) - vocab.padding - vocab.rare_pieces
+        vocab = _vocab_of_size(words_per_line, size, v, seed)
+    return size
 
 
 def _write_vocab(out: Path, tokens: list[str]) -> None:
