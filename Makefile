@@ -14,8 +14,8 @@ TPU_VENV := .venv-tpu
 # were run here again (about 10 minutes) and found nothing the demo does not reach.
 # Every suite runs on TEST_WORKERS pytest-xdist workers, each test file whole on one (its module fixtures made once):
 # the tests wait on processes, sockets and files about a third of their time, so two workers on two cores took the
-# main suite from 38 to 24 minutes (docs/development.md).
-TEST_WORKERS ?= 2
+# main suite from 38 to 24 minutes, and a third fills the waits two leave (docs/development.md).
+TEST_WORKERS ?= 3
 PYTEST := -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 TPU_STACK_TESTS := tests/test_tpu_stack.py tests/tf_backend/test_model.py tests/core/test_checkpoints.py \
 	tests/export/test_evaluation_export.py
@@ -42,17 +42,18 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(REQUIREMENTS)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# `make test`: the five jobs one after another (each is CPU-bound on two cores: two at a time took longer, see
-# docs/development.md), while the next jobs' environments install in the background (pip waits mostly on the network
-# and the disk); an install that fails prints its log.
+# `make test`: the main suite, then the JAX job (each CPU-bound on two cores: the two side by side took longer, see
+# docs/development.md), while the next jobs' environments install in the background; then the TPU images' tests and
+# the TPU stack's side by side (each mostly one compiling process at a time), each one's output whole when it ends.
+# An install that fails prints its log.
 test:
 	@$(MAKE) --no-print-directory install-jax-stack install-tpu-images > .install-jax-images.log 2>&1 & \
 	$(MAKE) --no-print-directory test-main; rc=$$?; \
 	wait $$! || { cat .install-jax-images.log; exit 1; }; exit $$rc
 	@$(MAKE) --no-print-directory install-tpu-stack > .install-tpu-stack.log 2>&1 & \
-	$(MAKE) --no-print-directory test-jax-stack test-tpu-images; rc=$$?; \
+	$(MAKE) --no-print-directory test-jax-stack; rc=$$?; \
 	wait $$! || { cat .install-tpu-stack.log; exit 1; }; exit $$rc
-	$(MAKE) --no-print-directory test-tpu-stack
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-tpu-images test-tpu-stack
 
 test-main: lint
 	$(BIN)/python $(PYTEST); rc=$$?; \

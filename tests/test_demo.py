@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from fault_injection import ENV
 
 from tpu_pretrain.data.data_folder import read_manifest
 
@@ -23,7 +24,7 @@ def test_the_demo_explains_its_counts_and_ends_with_the_next_step(tmp_path):
     out = tmp_path / "demo_run"
     done = subprocess.run([sys.executable, "-c", f"from tpu_pretrain.demo import run_demo; run_demo({str(out)!r}, "
                            f"steps={STEPS})"], capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     text = done.stdout
     lines = text.splitlines()

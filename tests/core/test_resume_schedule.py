@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from fault_injection import ENV
 from pretraining_fixtures import synthetic_instances, write_shards, write_vocab
 
 from tpu_pretrain.export.plots import read_scalars
@@ -37,7 +38,7 @@ def command(data_dir, run, backend, steps, *extra):
 
 def stopped_after(step: int, args: list[str], run) -> subprocess.CompletedProcess:
     """Start training and send SIGTERM once the checkpoint of ``step`` exists: it saves and exits 75."""
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.time() + 300
     while process.poll() is None and time.time() < deadline:
         if (run / "checkpoints" / f"ckpt-{step:09d}").is_dir():
@@ -63,7 +64,8 @@ def test_more_steps_on_resume_decay_on_from_the_rate_reached(data_dir, tmp_path,
     # the first plan's BERT line: the last update before the stop used rate(stop - 1)
     assert first[stop] == pytest.approx(PEAK * (1 - (stop - 1) / FIRST_PLAN), rel=1e-5)
     # shorter than planned now: the rate decays on from where it is to 0 at step SECOND_PLAN
-    done = subprocess.run(command(data_dir, run, backend, SECOND_PLAN), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command(data_dir, run, backend, SECOND_PLAN), capture_output=True, text=True, timeout=600,
+                          env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     log = done.stdout + done.stderr
     assert f"re-planned at step {stop}" in log and f"num_train_steps {FIRST_PLAN} -> {SECOND_PLAN}" in log
@@ -79,17 +81,18 @@ def test_more_steps_on_resume_decay_on_from_the_rate_reached(data_dir, tmp_path,
         # rate would stay 0, so it is refused, saying so and what to add
         wsd = command(data_dir, run, backend, SECOND_PLAN + 30, "--lr_schedule", "wsd", "--num_cooldown_steps",
                       str(SECOND_PLAN + 30))
-        refused = subprocess.run(wsd, capture_output=True, text=True, timeout=600)
+        refused = subprocess.run(wsd, capture_output=True, text=True, timeout=600, env=ENV)
         assert refused.returncode == 2, refused.stderr[-3000:]
         assert "going on would train at about zero. Add --rewarm_steps" in " ".join(refused.stderr.split())
         return  # the rest is the core's alone (tests/core/test_schedules.py); once, on the cheaper backend, suffices
 
     # The run is finished (rate 0). Extending it is refused, saying why and what to add ...
     longer = command(data_dir, run, backend, SECOND_PLAN + 6)
-    refused = subprocess.run(longer, capture_output=True, text=True, timeout=600)
+    refused = subprocess.run(longer, capture_output=True, text=True, timeout=600, env=ENV)
     assert refused.returncode != 0 and "--rewarm_steps" in refused.stderr, refused.stderr[-2000:]
     # ... and with it, a new phase warms up from 0 to the peak and decays again to the new end.
-    again = subprocess.run(longer + ["--rewarm_steps", "2"], capture_output=True, text=True, timeout=600)
+    again = subprocess.run(longer + ["--rewarm_steps", "2"], capture_output=True, text=True, timeout=600,
+                           env=ENV)
     assert again.returncode == 0, again.stderr[-3000:]
     rates = logged_rates(run)
     np.testing.assert_allclose([rates[s] for s in range(SECOND_PLAN + 1, SECOND_PLAN + 7)],

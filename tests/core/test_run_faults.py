@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fault_injection import sample_data
+from fault_injection import ENV, sample_data
 
 from tpu_pretrain.cli import main
 from tpu_pretrain.config import Config
@@ -26,7 +26,7 @@ COMMON = ["--model_size", "L2-H128", "--train_batch_size", "8", "--num_warmup_st
 
 def tpu_pretrain(*args, timeout=600):
     done = subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=ENV)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done
 

@@ -22,6 +22,7 @@ import tpu_pretrain  # noqa: F401  (selects Keras 2 for TensorFlow)
 tf = pytest.importorskip("tensorflow")  # this compares the backends: the environment with both
 pytest.importorskip("jax")
 
+from fault_injection import ENV  # noqa: E402
 from pretraining_fixtures import synthetic_instances, write_shards, write_vocab  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
@@ -79,7 +80,8 @@ def run_jax_side(folder, values: dict, start: dict, batches: list[dict]) -> tupl
         json.dump(values, handle)
     np.savez(os.path.join(folder, "start.npz"), **start)
     np.savez(os.path.join(folder, "batches.npz"), **{k: np.stack([b[k] for b in batches]) for k in BATCH_FEATURES})
-    done = subprocess.run([sys.executable, "-c", JAX_SIDE, str(folder)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", JAX_SIDE, str(folder)], capture_output=True, text=True, timeout=600,
+                          env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(os.path.join(folder, "jax.json")) as handle:
         return json.load(handle), dict(np.load(os.path.join(folder, "after.npz")))
@@ -246,7 +248,7 @@ def restored(features: dict) -> np.ndarray:
     return ids
 def cli(*args):
     done = subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

@@ -11,6 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from fault_injection import ENV
 from pretraining_fixtures import synthetic_data_folder, synthetic_instances, write_shards
 
 from tpu_pretrain.data.data_folder import MANIFEST, check_token_ids, read_data_info
@@ -121,7 +122,8 @@ def data_dir(tmp_path_factory):
 def compiled(data_dir, tmp_path_factory) -> dict:
     """Six trainers in one process (their compilation is the cost): per optimizer float32 at k 1 and 2 and
     bfloat16 at k 2 (AdamW's on one device, with the checkpoint moves)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), TESTS]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), TESTS]),
+               XLA_FLAGS=ENV.get("XLA_FLAGS", ""))  # XLA's quick compile: these steps run a few times each
     done = subprocess.run([sys.executable, "-c", SCRIPT, data_dir, str(tmp_path_factory.mktemp("run")),
                            os.path.join(data_dir, "bert_config.json"), "adamw,lamb"],
                           capture_output=True, text=True, env=env, timeout=1200)

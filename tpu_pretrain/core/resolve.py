@@ -185,8 +185,9 @@ def resolve_config(config: Config, data: DataInfo) -> Config:
                  "choose).", t.num_warmup_steps, t.num_train_steps)
     if t.eval_every_steps < 0:
         t.eval_every_steps = auto_eval_every_steps(t.num_train_steps)
-        log.info("eval_every_steps=%d: about ten evaluations over num_train_steps=%d, every 50 to 1,000 steps (set "
-                 "--eval_every_steps to choose; 0: at the end only).", t.eval_every_steps, t.num_train_steps)
+        log.info("eval_every_steps=%d: %d evaluations over num_train_steps=%d (about ten, 50 to 1,000 steps apart; "
+                 "set --eval_every_steps to choose; 0: at the end only).", t.eval_every_steps,
+                 t.num_train_steps // t.eval_every_steps, t.num_train_steps)
     return resolved
 
 
