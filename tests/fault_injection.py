@@ -21,6 +21,16 @@ STEPS = 300
 ENV = {**os.environ, "TF_DETERMINISTIC_OPS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 # XLA's unoptimised code: compiles in about half the time, and the tests run a few steps (tests/conftest.py)
 QUICK_XLA = "--xla_backend_optimization_level=0"
+JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+
+
+def quick_compiles(xla_flags: str = "") -> dict[str, str]:
+    """ENV's compile settings alone (XLA's quick level after ``xla_flags``, the shared JAX cache: tests/conftest.py),
+    for a process that takes none of ENV's other variables; none where an image's TPU compiler is under test."""
+    if QUICK_XLA not in ENV.get("XLA_FLAGS", ""):
+        return {}
+    return {"XLA_FLAGS": f"{xla_flags} {QUICK_XLA}".strip(), **{k: ENV[k] for k in JAX_CACHE_VARIABLES if k in ENV}}
 
 
 def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, workers: int = 0, vocab_size: int = 1500,

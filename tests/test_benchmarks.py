@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from fault_injection import quick_compiles
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
@@ -37,7 +38,7 @@ def run_smoke(script: Path, running: set) -> tuple[int | None, str, str, float]:
     """(exit code, stdout, stderr, seconds) of ``script --smoke``; on timeout its whole process group is killed
     and the code is None. The process is in ``running`` while it runs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "TF_CPP_MIN_LOG_LEVEL": "2", **quick_compiles(os.environ.get("XLA_FLAGS", ""))}  # figures unread
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, str(script), "--smoke"], cwd=ROOT, env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fault_injection import quick_compiles
 
 from tpu_pretrain.release import badges, install_source
 from tpu_pretrain.runtime import TPU_ENVIRONMENT
@@ -132,17 +133,6 @@ class Runtimes:
         target = self.kaggle_input / dataset
         shutil.copytree(workdir / "working", target)
         return target
-
-
-def quick_compiles(xla_flags: str) -> dict[str, str]:
-    """The kernels compile as the processes the tests start do (tests/conftest.py): XLA's quick level and the shared
-    JAX cache, which make up most of a tiny run's time; nothing where the image's TPU compiler is under test."""
-    from fault_injection import ENV, QUICK_XLA
-
-    if QUICK_XLA not in ENV.get("XLA_FLAGS", ""):
-        return {}
-    return {"XLA_FLAGS": f"{xla_flags} {QUICK_XLA}".strip(),
-            **{k: v for k, v in ENV.items() if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}}
 
 
 def check_readable(executed: Path) -> None:

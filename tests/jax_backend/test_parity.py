@@ -247,11 +247,8 @@ def restored(features: dict) -> np.ndarray:
     ids[rows, features["masked_lm_positions"][rows, slots]] = features["masked_lm_ids"][rows, slots]
     return ids
 def cli(*args):
-    # ENV's quick compiles, not its TF_DETERMINISTIC_OPS: `export --format tf` builds the model to read the checkpoint
-    # into with unseeded initialisers, which TensorFlow's determinism refuses (noted as a defect of its own)
-    env = {k: v for k, v in ENV.items() if k != "TF_DETERMINISTIC_OPS"}
     done = subprocess.run([sys.executable, "-m", "tpu_pretrain", *args], capture_output=True, text=True, timeout=600,
-                          env=env)
+                          env=ENV)  # TF_DETERMINISTIC_OPS=1 among them: `export --format tf` builds a seeded model
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

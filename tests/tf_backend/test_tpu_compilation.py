@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from fault_injection import ENV
+from fault_injection import quick_compiles
 from pretraining_fixtures import synthetic_data_folder, synthetic_instances, write_shards
 
 from tpu_pretrain.data.data_folder import MANIFEST, check_token_ids, read_data_info
@@ -123,7 +123,7 @@ def compiled(data_dir, tmp_path_factory) -> dict:
     """Six trainers in one process (their compilation is the cost): per optimizer float32 at k 1 and 2 and
     bfloat16 at k 2 (AdamW's on one device, with the checkpoint moves)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), TESTS]),
-               XLA_FLAGS=ENV.get("XLA_FLAGS", ""))  # XLA's quick compile: these steps run a few times each
+               **quick_compiles())  # these steps run a few times each
     done = subprocess.run([sys.executable, "-c", SCRIPT, data_dir, str(tmp_path_factory.mktemp("run")),
                            os.path.join(data_dir, "bert_config.json"), "adamw,lamb"],
                           capture_output=True, text=True, env=env, timeout=1200)

@@ -47,9 +47,10 @@ class TfInference:
 
     @classmethod
     def build(cls, config: BertConfig, max_seq_length: int, max_predictions_per_seq: int, with_nsp: bool,
-              seed: int | None = None) -> TfInference:
-        if seed is not None:
-            tf.keras.utils.set_random_seed(seed)
+              seed: int = 0) -> TfInference:
+        """Seeded: the initial values (replaced by the weights read next, kept where a checkpoint lacks some) are the
+        same at every build, and TensorFlow's op determinism (TF_DETERMINISTIC_OPS=1) refuses an unseeded draw."""
+        tf.keras.utils.set_random_seed(seed)
         return cls(build_float32(config, max_seq_length, max_predictions_per_seq, with_nsp))
 
     def restore_object_checkpoint(self, prefix: str) -> None:
