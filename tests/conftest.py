@@ -89,7 +89,8 @@ def _fill(path):
 # Under pytest-xdist (`make test`) each test file runs whole on one worker, and the workers take the files in
 # collection order: the longest start first, so that no worker is left alone with one of them at the end.
 LONGEST_FIRST = ("test_notebooks.py", "test_benchmarks.py", "test_modernbert_training.py", "test_multiprocess.py",
-                 "test_faults.py", "test_parity.py", "test_probe.py", "test_jax_stack.py", "test_resume.py")
+                 "test_tpu_compilation.py", "test_faults.py", "test_parity.py", "test_probe.py", "test_jax_stack.py",
+                 "test_resume.py", "test_multi_worker.py")
 
 
 def pytest_collection_modifyitems(items):
