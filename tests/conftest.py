@@ -11,7 +11,7 @@ import tempfile
 import uuid
 
 import pytest
-from fault_injection import ENV, QUICK_XLA
+from fault_injection import ENV, with_quick_xla
 from storage_emulator import Emulator, use_emulator
 
 # The processes the tests start (``env=ENV``) share JAX's persistent compilation cache: the same small programs are
@@ -26,8 +26,8 @@ if not _JAX_CACHE:
 # compiling is most of their time, and unoptimised code compiles in about half of it. (In the test processes
 # themselves it gained nothing: TensorFlow's tests do not use XLA on the CPU.) The image-exact environments compile
 # for TPUs, whose compiler is not the one under test here: left as is.
-if not os.environ.get("TPU_PRETRAIN_IMAGE") and QUICK_XLA not in ENV.get("XLA_FLAGS", ""):
-    ENV["XLA_FLAGS"] = f"{ENV.get('XLA_FLAGS', '')} {QUICK_XLA}".strip()
+if not os.environ.get("TPU_PRETRAIN_IMAGE"):
+    ENV["XLA_FLAGS"] = with_quick_xla(ENV.get("XLA_FLAGS", ""))
 ENV.update({"JAX_COMPILATION_CACHE_DIR": _JAX_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
 

@@ -25,12 +25,17 @@ JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_CO
                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
 
 
+def with_quick_xla(xla_flags: str) -> str:
+    """``xla_flags`` with XLA's quick level, once."""
+    return xla_flags if QUICK_XLA in xla_flags else f"{xla_flags} {QUICK_XLA}".strip()
+
+
 def quick_compiles(xla_flags: str = "") -> dict[str, str]:
     """ENV's compile settings alone (XLA's quick level after ``xla_flags``, the shared JAX cache: tests/conftest.py),
     for a process that takes none of ENV's other variables; none where an image's TPU compiler is under test."""
     if QUICK_XLA not in ENV.get("XLA_FLAGS", ""):
         return {}
-    return {"XLA_FLAGS": f"{xla_flags} {QUICK_XLA}".strip(), **{k: ENV[k] for k in JAX_CACHE_VARIABLES if k in ENV}}
+    return {"XLA_FLAGS": with_quick_xla(xla_flags), **{k: ENV[k] for k in JAX_CACHE_VARIABLES if k in ENV}}
 
 
 def sample_data(root: Path, max_chars: int = 80_000, num_shards: int = 3, workers: int = 0, vocab_size: int = 1500,

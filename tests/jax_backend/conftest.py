@@ -6,7 +6,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from fault_injection import QUICK_XLA
+from fault_injection import ENV, QUICK_XLA, with_quick_xla
 
 BOTH_BACKENDS = {"test_parity.py"}  # TensorFlow's results against JAX's: the environment that has both
 
@@ -16,7 +16,7 @@ if importlib.util.find_spec("tensorflow") is not None:
 else:
     collect_ignore = sorted(BOTH_BACKENDS)
     # XLA's quick level for this process's compiles, read when JAX makes its CPU client (after this): small models,
-    # a few steps. Measured on the attention, ModernBERT, splash and document-mask tests: 128 -> 99 s of CPU. Not
-    # in the images' environments, whose TPU compiler is under test.
-    if not os.environ.get("TPU_PRETRAIN_IMAGE") and QUICK_XLA not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_XLA}".strip()
+    # a few steps. Measured on the attention, ModernBERT, splash and document-mask tests: 128 -> 99 s of CPU;
+    # where the processes the tests start compile quickly too: not in the images' environments (tests/conftest.py).
+    if QUICK_XLA in ENV.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = with_quick_xla(os.environ.get("XLA_FLAGS", ""))
