@@ -9,16 +9,16 @@ REQUIREMENTS := $(wildcard tpu_pretrain/requirements/*.txt)
 STAMP := $(VENV)/.installed
 TPU_VENV := .venv-tpu
 # What the TPU stack job runs with the TPU build (TensorFlow 2.19's tensorflow-tpu; the main suite has 2.21): the
-# environment checks, the model, checkpoints and the export; the demo before them (40 steps: the path, not the
-# figures) trains, evaluates and exports end to end. Training, resume and compilation run in the main suite: they
-# were run here again (about 10 minutes) and found nothing the demo does not reach.
+# environment checks, the model and checkpoints; the demo before them (40 steps: the path, not the figures) trains,
+# evaluates and exports end to end. Training, resume and compilation run in the main suite: they were run here again
+# (about 10 minutes) and found nothing the demo does not reach; so do evaluation and export (their tests here took 70 s
+# of the job's 131, and four of them need torch or MiniLM, which this environment lacks).
 # Every suite runs on TEST_WORKERS pytest-xdist workers, each test file whole on one (its module fixtures made once):
 # the tests wait on processes, sockets and files about a third of their time, so two workers on two cores took the
 # main suite from 38 to 24 minutes, and a third fills the waits two leave (docs/development.md).
 TEST_WORKERS ?= 3
 PYTEST := -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
-TPU_STACK_TESTS := tests/test_tpu_stack.py tests/tf_backend/test_model.py tests/core/test_checkpoints.py \
-	tests/export/test_evaluation_export.py
+TPU_STACK_TESTS := tests/test_tpu_stack.py tests/tf_backend/test_model.py tests/core/test_checkpoints.py
 
 .PHONY: install test test-main install-tpu-stack test-tpu-stack lint demo clean install-jax-stack test-jax-stack install-tpu-images \
 	test-tpu-images
@@ -27,9 +27,12 @@ install: $(STAMP)
 
 # The test environments install with uv, from the same index and pip's local wheels (PIP_FIND_LINKS, where set):
 # `.venv` took 141 s instead of pip's 488 s here, which `make test` waits for before its first test. Bytecode is
-# compiled at install: these machines set PYTHONDONTWRITEBYTECODE=1, so a module Python finds without it is compiled
-# again in every process (tried without: the main suite took 2,240 s instead of 1,619).
-UV = $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python --compile-bytecode \
+# written by the first process that imports a module, not compiled at install: the tests import a fraction of what
+# the environments hold (compiling all of `.venv-jax` takes 92 s of CPU, what a JAX and torch process imports 14 s).
+# Hence PYTHONDONTWRITEBYTECODE is not passed on (these machines set it: with it and no bytecode compiled at
+# install, every process compiled what it imported again, and the main suite took 2,240 s instead of 1,619).
+unexport PYTHONDONTWRITEBYTECODE
+UV = $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python \
 	$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
 $(STAMP): setup.cfg pyproject.toml Makefile $(REQUIREMENTS)

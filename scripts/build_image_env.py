@@ -81,7 +81,7 @@ def main(venv: str, pins_file: str) -> None:
         run(find_interpreter(version), "-m", "venv", str(venv_path))
     python = str(venv_path / "bin" / "python")
     run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools", "wheel", "uv")
-    install = [python, "-m", "uv", "pip", "install", "--quiet", "--python", python, "--compile-bytecode",
+    install = [python, "-m", "uv", "pip", "install", "--quiet", "--python", python,
                *(["--find-links", os.environ["PIP_FIND_LINKS"]] if os.environ.get("PIP_FIND_LINKS") else [])]
     run(*install, *pins)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
