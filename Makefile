@@ -8,11 +8,11 @@ BIN := $(VENV)/bin
 REQUIREMENTS := $(wildcard tpu_pretrain/requirements/*.txt)
 STAMP := $(VENV)/.installed
 TPU_VENV := .venv-tpu
-# What the TPU stack job runs with the TPU build (TensorFlow 2.19's tensorflow-tpu; the main suite has 2.21): the
-# environment checks, the model and checkpoints; the demo before them (40 steps: the path, not the figures) trains,
-# evaluates and exports end to end. Training, resume and compilation run in the main suite: they were run here again
-# (about 10 minutes) and found nothing the demo does not reach; so do evaluation and export (their tests here took 70 s
-# of the job's 131, and four of them need torch or MiniLM, which this environment lacks).
+# What the TPU stack job runs with the TPU build (TensorFlow 2.19's tensorflow-tpu; the main suite has 2.21), and
+# only there: the environment checks, the model and checkpoints; the demo before them (40 steps: the path, not the
+# figures) trains, evaluates and exports end to end. Training, resume and compilation run in the main suite: they
+# were run here again (about 10 minutes) and found nothing the demo does not reach; so do evaluation and export
+# (70 s of this job's 131; four of their tests need torch or MiniLM, which this environment lacks).
 # Every suite runs on TEST_WORKERS pytest-xdist workers, each test file whole on one (its module fixtures made once):
 # the tests wait on processes, sockets and files about a third of their time, so two workers on two cores took the
 # main suite from 38 to 24 minutes, and a third fills the waits two leave (docs/development.md).
@@ -60,8 +60,10 @@ test:
 	wait $$! || { cat .install-tpu-stack.log; exit 1; }; exit $$rc
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tpu-images test-tpu-stack
 
+# The TPU stack's test files run in its job only (their tests of the standard build, of released weights and of
+# evaluation and export are in files of their own, here).
 test-main: lint
-	$(BIN)/python $(PYTEST); rc=$$?; \
+	$(BIN)/python $(PYTEST) $(addprefix --ignore=,$(TPU_STACK_TESTS)); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 # The TPU environment, built by the code the notebooks run on a TPU VM (reused while its files are unchanged),

@@ -1,6 +1,7 @@
 """The TPU stack: the pinned sets, the checks of an installed environment, the diagnosis of every failure seen
 in the wild (with faked site-packages, real lock-holding processes, faked Pythons and variables), the side
-environment's code, and ``tpu-check`` run for real. Runs in the main environment and in the TPU one."""
+environment's code, and ``tpu-check`` run for real. The TPU environment's (make test-tpu-stack); the standard build
+on a TPU VM: test_standard_build_on_a_tpu_vm.py."""
 
 import base64
 import configparser
@@ -14,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tpu_stack_processes import import_tpu_pretrain, tpu_check
 
 from tpu_pretrain import child_process, environment
 from tpu_pretrain.pinned_sets import CPU_GPU_SET, TPU_SET, normalize, pins
@@ -167,32 +169,6 @@ def test_pjrt_variables_missing_or_wrong_when_tensorflow_was_imported(tmp_path):
 
 
 # -- the package sets TensorFlow's TPU variables itself ---------------------------------------------------
-IMPORT_AND_SHOW = textwrap.dedent("""
-    import json, os, sys, types
-    if sys.argv[1] == "tensorflow-first":  # what a notebook does when it imports TensorFlow before tpu_pretrain
-        layer = type("Layer", (), {"__module__": "tf_keras.src.engine.base_layer"})
-        sys.modules["tensorflow"] = types.SimpleNamespace(keras=types.SimpleNamespace(
-            layers=types.SimpleNamespace(Layer=layer)))
-    import tpu_pretrain
-    from tpu_pretrain import environment
-    names = environment.PJRT_VARIABLES + ("TPU_LOAD_LIBRARY", "TPU_LIBRARY_PATH", "TF_XLA_FLAGS")
-    at_import = environment.tpu_variables_at_import()
-    print(json.dumps({"env": {k: os.environ.get(k) for k in names}, "at_import": at_import}))
-""")
-
-
-def import_tpu_pretrain(site: Path, order: str = "package-first", **variables) -> dict:
-    """Import tpu_pretrain in a fresh process that sees a (fake) tensorflow-tpu and libtpu; the variables it set."""
-    env = {k: v for k, v in os.environ.items() if k not in environment.PJRT_VARIABLES + (
-        "TPU_LOAD_LIBRARY", "TPU_LIBRARY_PATH", "TF_XLA_FLAGS", "ISTPUVM", "TPU_ACCELERATOR_TYPE",
-        "TPU_PROCESS_ADDRESSES", "COLAB_TPU_ADDR")}
-    env.update(PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), **variables)
-    done = subprocess.run([sys.executable, "-c", IMPORT_AND_SHOW, order], capture_output=True, text=True, env=env,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 def test_on_a_tpu_vm_the_package_sets_the_pjrt_variables_for_its_own_libtpu(tmp_path):
     site = tpu_site(tmp_path)
     shown = import_tpu_pretrain(site, ISTPUVM="1", TPU_LIBRARY_PATH="/usr/lib/jax/libtpu.so",
@@ -214,13 +190,6 @@ def test_tensorflow_imported_first_is_remembered_for_the_diagnosis(tmp_path):
     assert shown["env"]["PJRT_DEVICE"] == "TPU"  # set, but too late for the TensorFlow already loaded
     assert not any(shown["at_import"].values())
     assert "missing PJRT_DEVICE" in pjrt_findings(shown["at_import"])[0].cause
-
-
-def test_the_standard_build_gets_no_tpu_variables(tmp_path):
-    if TPU_BUILD:
-        pytest.skip("this environment holds the TPU build")
-    shown = import_tpu_pretrain(tmp_path / "empty", ISTPUVM="1")
-    assert not any(shown["env"].values())
 
 
 # -- the TPU held by another process, and a stale lock file (real processes) -----------------------------
@@ -362,14 +331,6 @@ def test_this_tpu_environment_is_the_pinned_set_and_resolves_without_another_ten
 
 
 # -- tpu-check for real ---------------------------------------------------------------------------------
-def tpu_check(*args, **variables):
-    env = {k: v for k, v in os.environ.items() if k not in ("ISTPUVM", "TPU_ACCELERATOR_TYPE")}
-    env.update(variables)
-    done = subprocess.run([sys.executable, "-m", "tpu_pretrain", "tpu-check", *args], capture_output=True,
-                          text=True, env=env, timeout=900)
-    return done.returncode, done.stdout
-
-
 @pytest.mark.slow
 def test_tpu_check_runs_its_steps_and_checkpoint_on_the_cpu_and_says_no_tpu_otherwise():
     status, out = tpu_check("--cpu")
@@ -379,14 +340,3 @@ def test_tpu_check_runs_its_steps_and_checkpoint_on_the_cpu_and_says_no_tpu_othe
     assert "checkpoint saved and restored" in verdict and "restored identical at step 2" in out
     status, out = tpu_check()
     assert status == 1 and "TPU check FAILED: No TPU is attached to this machine" in out
-
-
-def test_tpu_check_with_a_non_tpu_tensorflow_on_a_tpu_vm_explains_the_real_error():
-    """ISTPUVM makes this machine look like a TPU VM: the standard build then fails as it does on one."""
-    if TPU_BUILD:
-        pytest.skip("the TPU build would look for a real TPU")
-    status, out = tpu_check("--backend", "tensorflow", ISTPUVM="1")  # auto would take JAX on a TPU VM
-    assert status == 1, out[-3000:]
-    assert "No OpKernel was registered to support Op 'ConfigureDistributedTPU'" in out  # TensorFlow's own error
-    assert "TPU check FAILED: tensorflow-tpu is not installed in this environment" in out
-    assert "The TensorFlow that was loaded is not the TPU build" in out

@@ -16,6 +16,7 @@ import pytest
 import tpu_pretrain
 from tpu_pretrain.config import Config
 from tpu_pretrain.data.sample_corpus import write_sample_corpus
+from tpu_pretrain.data.shard_pool import ShardPool, WorkerDied
 from tpu_pretrain.data.vocab import build_vocab
 
 PACKAGE = Path(tpu_pretrain.__file__).parent
@@ -57,6 +58,19 @@ def writer_of_a_shard(process) -> psutil.Process | None:
         except psutil.NoSuchProcess:
             continue
     return None
+
+
+def killed_at_once(task):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_the_moment_it_takes_a_task_is_named_with_that_task():
+    """The task a worker holds is known without a message from it: a queue's message is sent by a thread of the
+    worker, which a SIGKILL ends with whatever it had not sent (the command said "between shards", once in CI)."""
+    for _ in range(3):
+        with ShardPool(1, os.getpid) as pool, pytest.raises(WorkerDied) as died:
+            list(pool.imap_unordered(killed_at_once, ["train-00002-of-00004.tfrecord"]))
+        assert died.value.task == "train-00002-of-00004.tfrecord" and died.value.exitcode == -signal.SIGKILL
 
 
 def test_a_worker_killed_mid_shard_stops_the_command_naming_the_shard_and_the_rest_is_written_again(

@@ -2,16 +2,16 @@
 
 Why not ``multiprocessing.Pool``: a worker killed mid-task (the kernel's out-of-memory killer sends SIGKILL) takes
 its task with it and the pool starts another process, so the parent waits for that result forever, saying
-nothing; a worker whose start fails is replaced again and again, a traceback each. Here each worker says which
-task it starts, the parent watches the processes, and a death or a failed start ends the command within a second,
-naming the task and the likely cause, the finished shards kept.
+nothing; a worker whose start fails is replaced again and again, a traceback each. Here each worker marks which
+task it holds in memory the parent shares (a message could be lost: a queue sends from a thread of the worker, which
+a SIGKILL ends with what it had not sent yet), the parent watches the processes, and a death or a failed start ends
+the command within a second, naming the task and the likely cause, the finished shards kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import pickle
 import queue
 import signal
@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 
 POLL_SECONDS = 0.2
+IDLE = -1  # a worker's mark between tasks
 
 
 class WorkerDied(RuntimeError):
@@ -52,9 +53,11 @@ class ShardPool:
     def __init__(self, workers: int, initializer: Callable, initargs: tuple = ()):
         context = multiprocessing.get_context("spawn")
         self._tasks, self._results = context.Queue(), context.Queue()
+        self._held = context.Array("i", [IDLE] * workers, lock=False)  # worker i's task number, IDLE between tasks
         with _ctrl_c_ignored():  # inherited by the workers from their first instruction: Ctrl-C is the parent's
-            self._processes = [context.Process(target=_serve, args=(initializer, initargs, self._tasks, self._results),
-                                               daemon=True) for _ in range(workers)]
+            self._processes = [context.Process(target=_serve, args=(initializer, initargs, self._tasks, self._results,
+                                                                    self._held, index), daemon=True)
+                               for index in range(workers)]
             for process in self._processes:
                 process.start()
 
@@ -70,41 +73,36 @@ class ShardPool:
         items = list(items)
         for number, item in enumerate(items):
             self._tasks.put((number, function, item))
-        remaining, running = set(range(len(items))), {}  # running: pid -> the item number it started
+        remaining = set(range(len(items)))
         while remaining:
-            self._check_alive(items, running)  # a dead worker stops the command, whether or not it held a task
+            self._check_alive(items)  # a dead worker stops the command, whether or not it held a task
             try:
                 message = self._results.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 continue
-            result = self._receive(message, running)
-            if result is not None:
-                number, value = result
-                remaining.discard(number)
-                yield value
+            number, value = self._receive(message)
+            remaining.discard(number)
+            yield value
         for _ in self._processes:
             self._tasks.put(None)
 
-    def _receive(self, message: tuple, running: dict) -> tuple[int, object] | None:
-        kind, pid, *rest = message
-        if kind == "start":
-            running[pid] = rest[0]
-        elif kind == "done":
-            running.pop(pid, None)
-            return rest[0], rest[1]
-        elif kind == "failed":
+    @staticmethod
+    def _receive(message: tuple) -> tuple[int, object]:
+        """A finished task's (number, result); a task's error raised here."""
+        kind, *rest = message
+        if kind == "failed":
             raise _rebuilt(*rest)
-        return None
+        return rest[0], rest[1]
 
-    def _check_alive(self, items: list, running: dict) -> None:
-        dead = [p for p in self._processes if p.exitcode is not None]
+    def _check_alive(self, items: list) -> None:
+        dead = [index for index, p in enumerate(self._processes) if p.exitcode is not None]
         if not dead:
             return
         with contextlib.suppress(queue.Empty):  # what it said before it ended (a failure, a finished task)
             while True:
-                self._receive(self._results.get(timeout=POLL_SECONDS), running)
-        number = running.get(dead[0].pid)
-        raise WorkerDied(None if number is None else items[number], dead[0].exitcode)
+                self._receive(self._results.get(timeout=POLL_SECONDS))
+        number = self._held[dead[0]]
+        raise WorkerDied(None if number == IDLE else items[number], self._processes[dead[0]].exitcode)
 
     def close(self) -> None:
         """Stop the workers (at once: a finished command has told them to end already)."""
@@ -118,22 +116,24 @@ class ShardPool:
             channel.cancel_join_thread()
 
 
-def _serve(initializer: Callable, initargs: tuple, tasks, results) -> None:
-    """A worker: start, then run tasks until told to end; an error goes back to the parent, pickled here (an error
-    that cannot be pickled goes back as its text)."""
-    pid = os.getpid()
+def _serve(initializer: Callable, initargs: tuple, tasks, results, held, index: int) -> None:
+    """Worker ``index``: start, then run tasks until told to end, marking in ``held`` the one it holds; an error goes
+    back to the parent, pickled here (an error that cannot be pickled goes back as its text)."""
     try:
         initializer(*initargs)
     except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it and stops
-        results.put(("failed", pid, *_portable(exc)))
+        results.put(("failed", *_portable(exc)))
         return
     while (item := tasks.get()) is not None:
         number, function, task = item
-        results.put(("start", pid, number))
+        held[index] = number
         try:
-            results.put(("done", pid, number, function(task)))
+            value = function(task)
         except BaseException as exc:  # noqa: BLE001
-            results.put(("failed", pid, *_portable(exc)))
+            results.put(("failed", *_portable(exc)))
+        else:
+            held[index] = IDLE
+            results.put(("done", number, value))
 
 
 def _portable(exc: BaseException) -> tuple[bytes, str]:
