@@ -20,8 +20,8 @@ TEST_WORKERS ?= 3
 PYTEST := -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 TPU_STACK_TESTS := tests/test_tpu_stack.py tests/tf_backend/test_model.py tests/core/test_checkpoints.py
 
-.PHONY: install test test-main install-tpu-stack test-tpu-stack tpu-stack-demo tpu-stack-tests lint demo clean install-jax-stack test-jax-stack install-tpu-images \
-	test-tpu-images
+.PHONY: install test test-main install-tpu-stack test-tpu-stack tpu-stack-demo tpu-stack-tests lint demo clean \
+	install-jax-stack test-jax-stack install-tpu-images test-tpu-images
 
 install: $(STAMP)
 
