@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tpu_stack_processes import import_tpu_pretrain, tpu_check
+from tpu_stack_processes import ROOT, import_tpu_pretrain, tpu_check
 
 from tpu_pretrain import child_process, environment
 from tpu_pretrain.pinned_sets import CPU_GPU_SET, TPU_SET, normalize, pins
@@ -31,7 +31,6 @@ from tpu_pretrain.tf_backend.setup.tpu_diagnosis import (
 )
 from tpu_pretrain.tf_backend.setup.tpu_stack import LIBTPU_FOR_TENSORFLOW_TPU, inspect_stack, report_offenders, tpu_pins
 
-ROOT = Path(__file__).resolve().parents[1]
 TPU_BUILD = environment.installed_version("tensorflow-tpu") is not None  # running in the TPU environment
 TF_FILES = {"tensorflow/__init__.py": b"# tensorflow\n", "tensorflow/compiler/tf2xla/ops/_xla_ops.so": b"tpu" * 50,
             "tensorflow/python/_pywrap_tfe.so": b"a" * 64}
