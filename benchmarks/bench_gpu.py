@@ -11,7 +11,8 @@ GPU to itself and a failure or a hang costs only that phase (said in the table, 
 share of ``--budget_s`` (7 minutes; about 6.5 estimated for one H100, compiles included) and is stopped at it:
 
 1. ``step``: ``bench_train_jax.py`` (BERT-base, length 128, batch 256, 20 steps per call, dropout 0): the JAX
-   step alone, on random data.
+   step alone, on random data, then five steps traced: the device time by kind and model part, in the JSON and,
+   with the trace and the optimised HLO, in ``bench_gpu_logs/step_profile/``.
 2. ``command``: ``tpu-pretrain vocab`` and ``create-data`` (modern recipe) on ``--corpus``, then
    ``tpu-pretrain train --backend jax --model_size base --train_batch_size 256 --num_train_steps 300
    --log_every_steps 50`` as a user runs it: the summary's ``examples_per_second``, the steady rate between its
@@ -161,13 +162,16 @@ def predictions(data: Path | None, seq: int) -> int:
 
 # -- the phases: each returns its figures (sequences/s as "rate", GFLOP per sequence as "gflop") -------------------
 def phase_step(args, run: Runner, until: float) -> dict:
+    profiled = run.logs / "step_profile"
     _, text, _ = run("step", [PY, BENCH / "bench_train_jax.py", "--model_size", args.model_size, "--batch", args.batch,
                               "--steps", args.step_steps, "--steps_per_execution", args.steps_per_execution,
-                              *smoke_flag(args)], until)
+                              "--profile", profiled, *smoke_flag(args)], until)
+    profile = json.loads((profiled / "profile.json").read_text()) if (profiled / "profile.json").exists() else {}
     return {"rate": grab(r"training: ([\d.]+) sequences/s", text), "first_s": grab(r"first call ([\d.]+) s", text),
             "gflop": grab(r"([\d.]+) GFLOP per training sequence", text),
             "device": grab(r"^device: .*\((.*?)\); model", text, str),
-            "input_wait": grab(r"waited on input ([\d.]+)%", text)}
+            "input_wait": grab(r"waited on input ([\d.]+)%", text),
+            "profile": {k: profile[k] for k in ("ms_per_step", "by_kind", "by_part", "note") if k in profile}}
 
 
 def phase_command(args, run: Runner, until: float) -> dict:

@@ -1,7 +1,8 @@
 """Training throughput of the JAX backend: sequences/s and model FLOPs utilisation (MFU), and input speed.
 
 Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256] [--steps 20]
-           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--dropout 0] [--peak_tflops 989] [--smoke]
+           [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--dropout 0] [--peak_tflops 989]
+           [--profile DIR] [--smoke]
 
 Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
 NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
@@ -12,21 +13,28 @@ precision when the device is known (:mod:`tpu_pretrain.core.peaks`: one device's
 devices, which the sequences/s are measured over), and (2) the best matmul measured here in the training precision
 (a large square one and the model's own GEMM shapes), which no training step can beat.
 The input pipeline is timed alone too: it must produce sequences faster than the step consumes them.
-``--smoke``: L2-H128 on a tiny vocab for a few steps, a short matmul reading (seconds; meaningless figures).
+``--profile DIR``: after the timing, ``--profile_steps`` steps traced with ``jax.profiler``: the device time per step
+by kind of kernel and by part of the model (:mod:`device_profile`), printed and written to ``DIR/profile.json`` beside
+the trace and the optimised HLO (what a GPU session brings back to read).
+``--smoke``: L2-H128 on a tiny vocab for a few steps, a short matmul reading, the profile into a temporary folder
+(seconds; meaningless figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 
+import device_profile  # noqa: E402
 from support import parse_args, write_random_data_folder  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
@@ -75,6 +83,19 @@ def time_training(config: Config, steps: int) -> dict:
     return {"rate": rate, "first": first, "wait": wait, "trainer": trainer}
 
 
+def profile(trainer, steps: int, out: Path, hlo: Path) -> None:
+    """``steps`` steps traced: the device time by kind and model part, printed and kept in ``out``."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as trace:
+        with jax.profiler.trace(trace):
+            trainer.train_steps(steps)
+        summary = device_profile.breakdown(Path(trace), hlo, steps)
+        device_profile.keep(Path(trace), hlo, out, summary)
+    trainer.close()
+    device_profile.show(summary)
+
+
 def input_rate(trainer, batches: int) -> float:
     """Sequences/s the input pipeline delivers alone (reading, decoding, batching; the trainer's own input is
     read by its prefetch thread, so this opens another)."""
@@ -108,9 +129,16 @@ def main() -> None:
                         help="the devices' peak, all together, to state MFU against")
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
+    parser.add_argument("--profile", type=Path, default=None, help="trace steps after the timing; results here")
+    parser.add_argument("--profile_steps", type=int, default=5)
     args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
-                                     "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2},
-                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, a 512^3 matmul reading")
+                                     "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2, "profile_steps": 2},
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, a 512^3 matmul reading, "
+                           "the profile into a temporary folder")
+    scratch = Path(tempfile.mkdtemp(prefix="bench_train_jax_"))
+    profile_out = args.profile or (scratch / "profile" if args.smoke else None)
+    if profile_out is not None:  # XLA reads its flags when JAX starts: before the trainer is built
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {device_profile.dump_flags(scratch / 'hlo')}"
 
     cfg = bert_config_for_size(args.model_size, args.vocab)
     flops = training_flops_per_sequence(cfg, args.seq, args.pred)
@@ -123,6 +151,9 @@ def main() -> None:
         timed = time_training(config, args.steps)
         trainer, rate, first, wait = timed["trainer"], timed["rate"], timed["first"], timed["wait"]
         feed = input_rate(trainer, max(4, args.steps))
+        if profile_out is not None:
+            profile(trainer, args.profile_steps, profile_out, scratch / "hlo")
+    shutil.rmtree(scratch, ignore_errors=True)
     devices = trainer.devices
     dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"
     size = args.matmul_size or (2048 if devices.kind == "cpu" else 8192)

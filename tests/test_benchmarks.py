@@ -111,3 +111,25 @@ def check_gpu_bench(stdout: str) -> None:
     assert all(row["sequences_per_second"] for row in results["rows"]), results["rows"]
     assert all(ratio["value"] for ratio in results["ratios"].values()), results["ratios"]
     assert all(row["what"][:40] in stdout for row in results["rows"]), f"no table:\n{stdout[-3000:]}"
+
+
+def test_device_profile_sums_a_gpu_trace_by_kind_and_model_part(tmp_path):
+    """``bench_train_jax.py --profile`` on an excerpt of a real trace and optimised HLO (BERT-base, batch 256, five
+    steps on an H100, 2026-11-27; six of its kernels): device streams only, per step, each fusion joined to the part
+    of the model its ``op_name`` names; library kernels (cuBLAS, cuDNN) by kind. A CPU's trace has no kernels."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_profile
+
+    recorded = ROOT / "tests" / "recorded" / "h100_bert_base_step"
+    summary = device_profile.breakdown(recorded, recorded, steps=5)
+    parts = summary["by_part"]
+    assert parts["fwd layer_N/intermediate"] == pytest.approx(4.022, abs=1e-3)  # the GELU, forward
+    assert parts["bwd layer_N/intermediate"] == pytest.approx(4.026, abs=1e-3)  # its gradient with the bias's
+    assert parts["bwd layer_N/attention_norm"] == pytest.approx(1.371, abs=1e-3)
+    assert parts["library gemm"] == pytest.approx(5.004, abs=1e-3)
+    assert summary["by_kind"]["attention"] == pytest.approx(2.657, abs=1e-3)  # cuDNN's, though its name has sm90
+    assert summary["ms_per_step"] == pytest.approx(4.022 + 4.026 + 1.371 + 1.262 + 5.004 + 2.657, abs=5e-3)
+    assert summary["top"][0]["kernel"].startswith("nvjet") and summary["top"][0]["per_step"] == 60
+    device_profile.keep(recorded, recorded, tmp_path / "kept", summary)
+    assert {p.name for p in (tmp_path / "kept").iterdir()} == {"profile.json", "trace.json.gz", "hlo.tar.gz"}
+    assert "note" in device_profile.breakdown(tmp_path / "empty", None, steps=1)

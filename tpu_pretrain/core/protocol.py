@@ -18,6 +18,8 @@ class Dispatched(Protocol):
 
     def result(self) -> dict: ...  # its mean metrics (:func:`.metrics.metrics_from_sums`); waits for it
 
+    def finished_at(self) -> float | None: ...  # when it ended (time.perf_counter; None: when it was read)
+
 
 @dataclass
 class Finished:
@@ -26,9 +28,13 @@ class Finished:
     metrics: dict
     steps: int
     compile_seconds: float = 0.0
+    ended: float | None = None  # time.perf_counter() when it returned
 
     def result(self) -> dict:
         return self.metrics
+
+    def finished_at(self) -> float | None:
+        return self.ended
 
 
 class Trainer(Protocol):

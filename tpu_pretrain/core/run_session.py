@@ -47,11 +47,14 @@ class Pace:
         self.first_rate = 0.0
         self.input_wait: float | None = None  # seconds the devices waited on input, where the backend says
 
-    def record(self, steps: int, compile_seconds: float, input_wait: float | None) -> float:
-        """A call's figures were just read: the seconds since the last reading (or pause), which count in the steady
-        rate unless the call was the session's first or compiled."""
-        now = time.perf_counter()
-        seconds, self.clock = now - self.clock, now
+    def record(self, steps: int, compile_seconds: float, input_wait: float | None, ended: float | None = None
+               ) -> float:
+        """A call's figures were just read: the seconds from the end of the call before (or a pause) to ``ended``,
+        when the devices finished this one (None: now, the reading), which count in the steady rate unless the call
+        was the session's first or compiled. Its end, not its reading: the loop reads a call after dispatching the
+        next, which on a GPU holds the host until that one has nearly run."""
+        now = time.perf_counter() if ended is None else ended
+        seconds, self.clock = max(now - self.clock, 0.0), now
         self.train_seconds += seconds
         self.calls += 1
         self.compile_seconds += compile_seconds
@@ -130,7 +133,8 @@ class RunSession:
         t, trainer = self.train, self.trainer
         metrics = call.result()
         _check_finite(trainer, self.manager, metrics, last - call.steps, last)
-        seconds = self.pace.record(call.steps, call.compile_seconds, metrics.get("input_wait_seconds"))
+        seconds = self.pace.record(call.steps, call.compile_seconds, metrics.get("input_wait_seconds"),
+                                   call.finished_at())
         if call.compile_seconds:
             log.info("Compiled the training call in %.1f s (left out of the rate).", call.compile_seconds)
         if trainer.is_chief:

@@ -35,7 +35,7 @@ from ..core.resolve import RunPlan  # noqa: E402
 from ..core.schedules import Schedule  # noqa: E402
 from ..data.dynamic_masking import DynamicMasking  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from .calls import PendingCall, cache_size  # noqa: E402
+from .calls import CompletionClock, PendingCall, cache_size  # noqa: E402
 from .devices import Devices, detect_devices, fetch  # noqa: E402
 from .families import jax_family  # noqa: E402
 from .input import BATCH_FEATURES, TrainingBatches, batch_shapes, document_separator, eval_batches  # noqa: E402
@@ -252,7 +252,8 @@ class JaxTrainer:
             self.example_ids.extend((self._dispatched + 1 + i, ids.tolist()) for i, (ids, _) in enumerate(pulled))
         self._dispatched += steps
         self._in_flight = sums
-        return PendingCall(self._read, sums, steps, self._dispatched, prefetch.wait_seconds - waited, compile_seconds)
+        return PendingCall(self._read, sums, steps, self._dispatched, prefetch.wait_seconds - waited, compile_seconds,
+                           CompletionClock(sums))
 
     def _let_devices_finish(self) -> None:
         if self._in_flight is not None:

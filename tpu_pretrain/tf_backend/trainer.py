@@ -208,7 +208,8 @@ class Trainer:
         tick = time.perf_counter()
         metrics = self.train_steps(steps)
         first, self._dispatched = not self._dispatched, True
-        return Finished(metrics, steps, time.perf_counter() - tick if first else 0.0)
+        ended = time.perf_counter()
+        return Finished(metrics, steps, ended - tick if first else 0.0, ended)
 
     def train_steps(self, steps: int) -> dict:
         """Run ``steps`` optimizer steps (in calls of steps_per_execution); return their mean metrics.
