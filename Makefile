@@ -17,7 +17,7 @@ TPU_VENV := .venv-tpu
 # the tests wait on processes, sockets and files about a third of their time, so two workers on two cores took the
 # main suite from 38 to 24 minutes, and a third fills the waits two leave (docs/development.md).
 TEST_WORKERS ?= 3
-PYTEST := -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
+PYTEST := -m pytest -q -ra --durations=20 -n $(TEST_WORKERS) --dist loadfile
 TPU_STACK_TESTS := tests/test_tpu_stack.py tests/tf_backend/test_model.py tests/core/test_checkpoints.py
 
 .PHONY: install test test-main install-tpu-stack test-tpu-stack tpu-stack-demo tpu-stack-tests lint demo clean \
