@@ -1,0 +1,152 @@
+"""Variants of the JAX training step timed side by side in one process: changes tried before they enter the package.
+
+Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base gelu_grad xla_attention]
+           [--model_size L12-H768] [--batch 256] [--steps 40] [--smoke]
+
+Each variant builds the JAX trainer as ``bench_train_jax.py`` does (random data, 20 steps per call) with one change
+made from here (the package is patched in this process only), and prints sequences/s, the first call (the
+compile) and the loss after the timed steps, which must agree with ``base`` to bfloat16's precision:
+
+- ``base``: the package as it is.
+- ``gelu_grad``: the feed-forward layer's bias and exact GELU through a ``jax.custom_vjp`` that keeps only the
+  GEMM's output for the gradient and casts the gradient to the compute dtype before the bias gradient's sum (so
+  XLA can produce both in one pass). Measured on an H100 (benchmarks/GPU_NOTES.md), the GELU's two passes took
+  8.2 ms of a 53 ms step; a first version with the gradient in float32 moved it by -1% (its backward wrote float32).
+- ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
+  took 5.2 ms of the step at length 128).
+- ``gelu_grad+xla_attention``: both.
+
+Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against
+the same baseline, and only what a measurement kept moves into the package. ``--smoke``: L2-H128 on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+from support import parse_args, write_random_data_folder  # noqa: E402
+
+from tpu_pretrain.config import Config  # noqa: E402
+from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
+
+VARIANTS = ("base", "gelu_grad", "xla_attention", "gelu_grad+xla_attention")
+
+
+def gelu_dense_class():
+    """A ``keras.layers.Dense`` with the exact GELU whose gradient keeps only the GEMM's output (``gelu_grad``)."""
+    import math
+
+    import jax
+    import jax.numpy as jnp
+    import keras
+    from keras import ops
+
+    @jax.custom_vjp
+    def bias_gelu(y, bias):
+        return jax.nn.gelu(y + bias, approximate=False)
+
+    def forward(y, bias):
+        return bias_gelu(y, bias), (y, bias)
+
+    def backward(saved, grad):
+        y, bias = saved
+        h = y.astype(jnp.float32) + bias.astype(jnp.float32)
+        slope = 0.5 * (1.0 + jax.lax.erf(h * math.sqrt(0.5))) + h * jnp.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
+        dh = (grad.astype(jnp.float32) * slope).astype(y.dtype)  # one tensor in the compute dtype, two consumers
+        return dh, jnp.sum(dh, axis=tuple(range(y.ndim - 1)), dtype=jnp.float32).astype(bias.dtype)
+
+    bias_gelu.defvjp(forward, backward)
+
+    class GeluDense(keras.layers.Dense):
+        def call(self, inputs, training=None):
+            y = ops.matmul(inputs, ops.cast(self.kernel, self.compute_dtype))
+            return bias_gelu(y, ops.cast(self.bias, self.compute_dtype))
+
+    return GeluDense
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    """The package patched for ``name`` while the trainer is built (its model is built then): the blocks'
+    feed-forward layer (``intermediate``, exact GELU in every BERT size) and the attention path."""
+    from tpu_pretrain.jax_backend import model
+
+    saved_dense, saved_env = model._Factory.dense, os.environ.get("TPU_PRETRAIN_ATTENTION")
+    if "gelu_grad" in name:
+        gelu_dense = gelu_dense_class()
+
+        def dense(self, units, layer_name, activation=None):
+            if layer_name == "intermediate":
+                return gelu_dense(units, kernel_initializer=self.init(), name=layer_name, dtype=self.dtype)
+            return saved_dense(self, units, layer_name, activation)
+
+        model._Factory.dense = dense
+    if "xla_attention" in name:
+        os.environ["TPU_PRETRAIN_ATTENTION"] = "xla"
+    try:
+        yield
+    finally:
+        model._Factory.dense = saved_dense
+        if saved_env is None:
+            os.environ.pop("TPU_PRETRAIN_ATTENTION", None)
+        else:
+            os.environ["TPU_PRETRAIN_ATTENTION"] = saved_env
+
+
+def time_variant(name: str, config: Config, steps: int) -> dict:
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    start = time.perf_counter()
+    with variant(name):
+        trainer = JaxTrainer(config)
+    trainer.train_steps(trainer.steps_per_execution)
+    first = time.perf_counter() - start
+    trainer.train_steps(trainer.steps_per_execution)
+    start = time.perf_counter()
+    loss = trainer.train_steps(steps)["loss"]
+    rate = steps * config.train.train_batch_size / (time.perf_counter() - start)
+    trainer.close()
+    return {"rate": rate, "first": first, "loss": float(loss)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--model_size", default="L12-H768")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--pred", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of steps_per_execution)")
+    parser.add_argument("--steps_per_execution", type=int, default=20)
+    args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
+                                     "steps": 2, "steps_per_execution": 2},
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps per variant")
+    flops = training_flops_per_sequence(bert_config_for_size(args.model_size, args.vocab), args.seq, args.pred)
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
+        config = Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
+                             train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
+                             steps_per_execution=args.steps_per_execution, hidden_dropout_prob=0.0)
+        for name in args.variants:
+            results[name] = time_variant(name, config, args.steps)
+            r = results[name]
+            print(f"{name:28} {r['rate']:10.1f} sequences/s ({r['rate'] * flops / 1e12:.2f} TFLOP/s); first call "
+                  f"{r['first']:.1f} s; loss {r['loss']:.5f}", flush=True)
+    base = results.get("base")
+    if base:
+        for name, r in results.items():
+            print(f"{name:28} {r['rate'] / base['rate']:.3f}x base; loss {r['loss'] - base['loss']:+.2e} from base")
+
+
+if __name__ == "__main__":
+    main()
