@@ -128,8 +128,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of steps_per_execution)")
     parser.add_argument("--steps_per_execution", type=int, default=20)
     args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
-                                     "steps": 2, "steps_per_execution": 2},
-                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps per variant")
+                                     "steps": 2, "steps_per_execution": 2, "variants": ["gelu_grad+xla_attention"]},
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, both changes in one variant")
     flops = training_flops_per_sequence(bert_config_for_size(args.model_size, args.vocab), args.seq, args.pred)
     results = {}
     with tempfile.TemporaryDirectory() as folder:
