@@ -86,22 +86,13 @@ def _fill(path):
                     raise
 
 
-# Under pytest-xdist (`make test`) each test file runs whole on one worker, and the workers take the files in
-# collection order: the longest start first, so that no worker is left alone with one of them at the end. Measured
-# on two cores (seconds per file in `make test`, 2026-11-27): notebooks 222, probe 205, ModernBERT training 202,
-# benchmarks 189, TPU compilation 140, multiprocess 132, then 90 to 45.
-LONGEST_FIRST = ("test_notebooks.py", "test_probe.py", "test_modernbert_training.py", "test_benchmarks.py",
-                 "test_tpu_compilation.py", "test_multiprocess.py", "test_training.py", "test_faults.py",
-                 "test_jax_stack.py", "test_plan.py", "test_evaluation_export.py", "test_parity.py",
-                 "test_reported_numbers.py", "test_create_data.py", "test_multi_worker.py", "test_resume.py",
-                 "test_resume_schedule.py")
-
-
-def pytest_configure(config):
-    """pytest-xdist (3.7 on) hands out the files with the most tests first unless told not to, which put the longest
-    files last: the main suite's probe (205 s) started at 384 s of 588 and ran alone at the end."""
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
+# Under pytest-xdist (`make test`) each test file runs whole on one worker. pytest-xdist 3.7 and later hand out the
+# files with the most tests first, this order breaking ties only; handing them out in this order instead (the longest
+# first) was measured slower, 730 s against 681 for the main suite on two cores: the longest files all start
+# processes of their own (notebook kernels, TensorFlow workers), and together they crowded the cores.
+LONGEST_FIRST = ("test_notebooks.py", "test_benchmarks.py", "test_modernbert_training.py", "test_multiprocess.py",
+                 "test_tpu_compilation.py", "test_faults.py", "test_parity.py", "test_probe.py", "test_jax_stack.py",
+                 "test_resume.py", "test_multi_worker.py")
 
 
 def pytest_collection_modifyitems(items):
