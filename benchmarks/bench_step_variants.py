@@ -27,7 +27,6 @@ import contextlib
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -102,19 +101,11 @@ def variant(name: str):
 
 
 def time_variant(name: str, config: Config, steps: int) -> dict:
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+    """``bench_train_jax.time_training`` with the package patched for ``name`` (its model is built at the start)."""
+    from bench_train_jax import time_training
 
-    start = time.perf_counter()
     with variant(name):
-        trainer = JaxTrainer(config)
-    trainer.train_steps(trainer.steps_per_execution)
-    first = time.perf_counter() - start
-    trainer.train_steps(trainer.steps_per_execution)
-    start = time.perf_counter()
-    loss = trainer.train_steps(steps)["loss"]
-    rate = steps * config.train.train_batch_size / (time.perf_counter() - start)
-    trainer.close()
-    return {"rate": rate, "first": first, "loss": float(loss)}
+        return time_training(config, steps)
 
 
 def main() -> None:

@@ -68,7 +68,8 @@ def measured_peak(dtype: str, square: int, shapes: list[tuple[int, int, int]], s
 def time_training(config: Config, steps: int) -> dict:
     """The JAX trainer of ``config`` timed: two warm-up calls (the first, which compiles, timed as ``first`` with the
     build), then ``steps`` steps: sequences/s (``rate``), the share of them the devices waited on input (``wait``),
-    and the trainer, its input closed (the other benchmarks time their steps the same way through this)."""
+    their mean loss, and the trainer, its input closed (the other benchmarks time their steps the same way through
+    this)."""
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     start = time.perf_counter()
@@ -77,10 +78,11 @@ def time_training(config: Config, steps: int) -> dict:
     first = time.perf_counter() - start
     trainer.train_steps(trainer.steps_per_execution)
     start = time.perf_counter()
-    wait = trainer.train_steps(steps)["input_wait_share"]
+    metrics = trainer.train_steps(steps)
     rate = steps * config.train.train_batch_size / (time.perf_counter() - start)
     trainer.close()
-    return {"rate": rate, "first": first, "wait": wait, "trainer": trainer}
+    return {"rate": rate, "first": first, "wait": metrics["input_wait_share"], "loss": float(metrics["loss"]),
+            "trainer": trainer}
 
 
 def profile(trainer, steps: int, out: Path, hlo: Path) -> None:
