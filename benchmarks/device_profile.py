@@ -34,11 +34,21 @@ def kind_of(kernel: str) -> str:
     return next((kind for kind, marks in KINDS if any(m in name for m in marks)), "other")
 
 
-def device_kernels(trace_dir: Path) -> tuple[dict[str, float], dict[str, int], Path | None]:
-    """(microseconds by kernel name, launches by name, the trace file) of the device's stream tracks."""
-    path = next(iter(sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("*trace.json.gz"))), None)
+def trace_file(trace_dir: Path) -> Path | None:
+    """The trace ``jax.profiler`` wrote under ``trace_dir`` (or a copy of it named ``trace.json.gz``)."""
+    return next(iter(sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("*trace.json.gz"))), None)
+
+
+def optimised_hlo(hlo_dir: Path | None) -> Path | None:
+    """XLA's dump of the training call's optimised module in ``hlo_dir``, if any."""
+    return next(iter(sorted(hlo_dir.glob("*train_chunk*after_optimizations.txt"))), None) if hlo_dir else None
+
+
+def device_kernels(trace_dir: Path) -> tuple[dict[str, float], dict[str, int]]:
+    """(microseconds by kernel name, launches by name) on the device's stream tracks."""
+    path = trace_file(trace_dir)
     if path is None:
-        return {}, {}, None
+        return {}, {}
     events = json.loads(gzip.open(path).read())
     events = events["traceEvents"] if isinstance(events, dict) else events
     meta = [e for e in events if e.get("ph") == "M"]
@@ -51,17 +61,16 @@ def device_kernels(trace_dir: Path) -> tuple[dict[str, float], dict[str, int], P
         if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams and "dur" in e:
             times[e["name"]] += e["dur"]
             counts[e["name"]] += 1
-    return dict(times), dict(counts), path
+    return dict(times), dict(counts)
 
 
-def model_parts(hlo_dir: Path) -> dict[str, str]:
+def model_parts(hlo_dir: Path | None) -> dict[str, str]:
     """Kernel name -> the model part its HLO instruction computes (``fwd``/``bwd``/``step`` and the op's path)."""
-    parts = {}
-    for path in sorted(hlo_dir.glob("*train_chunk*after_optimizations.txt"))[:1]:
-        for line in path.open():
-            match = re.match(r'\s+%([\w.\-]+) = .*?op_name="([^"]*)"', line)
-            if match:
-                parts[match[1].replace(".", "_").replace("-", "_")] = part_of(match[2])
+    parts, path = {}, optimised_hlo(hlo_dir)
+    for line in path.open() if path else ():
+        match = re.match(r'\s+%([\w.\-]+) = .*?op_name="([^"]*)"', line)
+        if match:
+            parts[match[1].replace(".", "_").replace("-", "_")] = part_of(match[2])
     return parts
 
 
@@ -76,10 +85,10 @@ def part_of(op_name: str) -> str:
 
 def breakdown(trace_dir: Path, hlo_dir: Path | None, steps: int) -> dict:
     """Per step (ms): by kind, by model part, the 25 longest kernels, and the kernels' total."""
-    times, counts, _ = device_kernels(trace_dir)
+    times, counts = device_kernels(trace_dir)
     if not times:
         return {"note": "no device kernels in the trace (a CPU runs XLA's ops on host threads)"}
-    parts = model_parts(hlo_dir) if hlo_dir else {}
+    parts = model_parts(hlo_dir)
     kinds, by_part = defaultdict(float), defaultdict(float)
     for name, us in times.items():
         kinds[kind_of(name)] += us / 1000 / steps
@@ -100,13 +109,12 @@ def keep(trace_dir: Path, hlo_dir: Path | None, out: Path, summary: dict) -> Non
     """``out``: profile.json, the trace and the optimised HLO (the files a GPU session brings back)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(summary, indent=1))
-    _, _, trace = device_kernels(trace_dir)
+    trace, hlo = trace_file(trace_dir), optimised_hlo(hlo_dir)
     if trace is not None:
         shutil.copy(trace, out / "trace.json.gz")
-    dumped = sorted(hlo_dir.glob("*train_chunk*after_optimizations.txt")) if hlo_dir else []
-    if dumped:
+    if hlo is not None:
         with tarfile.open(out / "hlo.tar.gz", "w:gz") as tar:
-            tar.add(dumped[0], arcname=dumped[0].name)
+            tar.add(hlo, arcname=hlo.name)
 
 
 def show(summary: dict) -> None:
