@@ -27,6 +27,7 @@ import contextlib
 import os
 import sys
 import tempfile
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -72,32 +73,24 @@ def gelu_dense_class():
     return GeluDense
 
 
-@contextlib.contextmanager
-def variant(name: str):
+def variant(name: str) -> contextlib.ExitStack:
     """The package patched for ``name`` while the trainer is built (its model is built then): the blocks'
     feed-forward layer (``intermediate``, exact GELU in every BERT size) and the attention path."""
     from tpu_pretrain.jax_backend import model
 
-    saved_dense, saved_env = model._Factory.dense, os.environ.get("TPU_PRETRAIN_ATTENTION")
+    patches = contextlib.ExitStack()
     if "gelu_grad" in name:
-        gelu_dense = gelu_dense_class()
+        gelu_dense, original = gelu_dense_class(), model._Factory.dense
 
         def dense(self, units, layer_name, activation=None):
             if layer_name == "intermediate":
                 return gelu_dense(units, kernel_initializer=self.init(), name=layer_name, dtype=self.dtype)
-            return saved_dense(self, units, layer_name, activation)
+            return original(self, units, layer_name, activation)
 
-        model._Factory.dense = dense
+        patches.enter_context(mock.patch.object(model._Factory, "dense", dense))
     if "xla_attention" in name:
-        os.environ["TPU_PRETRAIN_ATTENTION"] = "xla"
-    try:
-        yield
-    finally:
-        model._Factory.dense = saved_dense
-        if saved_env is None:
-            os.environ.pop("TPU_PRETRAIN_ATTENTION", None)
-        else:
-            os.environ["TPU_PRETRAIN_ATTENTION"] = saved_env
+        patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
+    return patches
 
 
 def time_variant(name: str, config: Config, steps: int) -> dict:
