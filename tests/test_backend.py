@@ -130,15 +130,15 @@ def test_a_setting_a_recipe_made_is_blamed_on_the_recipe():
 def test_modernbert_is_the_jax_backends_alone_and_auto_takes_jax_for_it(monkeypatch, tmp_path):
     """Refused on TensorFlow before any data is read (even where TensorFlow is installed); ``auto`` picks JAX for
     it on a machine where it would otherwise take TensorFlow."""
-    from tpu_pretrain.training import resolve_backend, train
+    from tpu_pretrain.training import train
 
     fake_runtime(monkeypatch, {**FULL_TF, **JAX}, False)
     modern = Config.load(model_family="modernbert")
-    chosen, why = resolve_backend("auto", "", modern)
+    chosen, why = backend.run_backend("auto", None, modern)
     assert chosen == "jax" and "model_family='modernbert' (ModernBERT) is offered by it alone" in why
-    assert resolve_backend("auto", "", Config.load())[0] == "tensorflow"
+    assert backend.run_backend("auto", None, Config.load())[0] == "tensorflow"
     fake_runtime(monkeypatch, {"tensorflow-cpu": "2.20.0", "tf-keras": "2.20.0", **JAX}, True)  # Kaggle's TPU VM
-    assert resolve_backend("auto", "", Config.load(jit_compile="off"))[0] == "jax"  # the machine decides (refused)
+    assert backend.run_backend("auto", None, Config.load(jit_compile="off"))[0] == "jax"  # the machine decides
     fake_runtime(monkeypatch, {**FULL_TF, **JAX}, False)
     backend.check_offered("jax", modern)
     backend.check_offered("tensorflow", modern.train)  # a section without the setting: nothing asked of it

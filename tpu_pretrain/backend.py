@@ -115,6 +115,20 @@ def required_backend(settings) -> tuple[str, str] | None:
     return None
 
 
+def run_backend(requested: str, recorded: str | None = None, config=None) -> tuple[str, str]:
+    """``(backend, why)`` for a run: with ``auto`` (or that same backend, read back from the run's config.json on
+    resume), the backend ``recorded`` for the run already in its folder; with ``auto`` and no run, the one backend
+    that offers what ``config`` asks for (:func:`required_backend`), else the machine's (:func:`choose_backend`)."""
+    if recorded and requested in (AUTO, recorded):  # a resumed run's config.json names it: nobody asked anew
+        choose_backend(recorded)  # installed here?
+        return recorded, "the backend this run was started with"
+    required = required_backend(config) if requested == AUTO and config is not None else None
+    if required:
+        choose_backend(required[0])  # installed here?
+        return required
+    return choose_backend(requested)
+
+
 def check_offered(backend: str, settings, set_by: dict[str, str] | None = None) -> None:
     """Refuse a setting that ``backend`` does not offer, naming the setting, who set it (``set_by``: a recipe) and
     the backend that has it. ``settings``: a :class:`.config.Config` or its ``train`` section."""

@@ -174,6 +174,13 @@ class Config:
     def flat(self) -> dict[str, Any]:
         return {key: value for section in self.to_dict().values() for key, value in section.items()}
 
+    def given(self) -> dict[str, Any]:
+        """The settings a Python caller's config gives: those set by name, and any it changed from what those imply
+        (an attribute assigned directly)."""
+        given = {key: self.get(key) for key in self.explicit}
+        implied = Config.from_dict(given).flat()
+        return {**given, **{key: value for key, value in self.flat().items() if value != implied[key]}}
+
     def save(self, path: str | os.PathLike) -> None:
         """Write the resolved configuration as JSON (atomically: a reader never sees half a file)."""
         from .storage.local import write_text_atomic
@@ -209,6 +216,15 @@ def recipe_line(config: Config) -> str:
         why = "the default for training from scratch"
     change = f"; --recipe {other} for {RECIPE_NAMES[other]}" if other else ""
     return f"Recipe: {recipe} ({why}: {RECIPE_NAMES[recipe]}){change}."
+
+
+def recipe_settings(config: Config) -> dict[str, str]:
+    """The settings a recipe set (not given by name), with where they came from, for messages about them."""
+    if config.data.recipe != "modern":
+        return {}
+    source = ("--recipe modern" if "recipe" in config.explicit else "--model_family modernbert"
+              if family_named(config.model.model_family) is MODERNBERT else "the default recipe, modern")
+    return {key: source for key in MODERN_RECIPE if key not in config.explicit}
 
 
 RECIPE_NAMES = {"modern": "packed MLM-only sequences, 30% masking, no dropout, AdamW beta2 0.98, warmup-stable-decay",

@@ -11,7 +11,7 @@ if importlib.util.find_spec("tensorflow") is not None:  # the JAX backend's own 
 import jax.numpy as jnp  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
-from tpu_pretrain.training import is_out_of_memory, out_of_memory_advice  # noqa: E402
+from tpu_pretrain.core.device_decision import is_out_of_memory, out_of_memory_advice  # noqa: E402
 
 
 def refused_allocation() -> Exception:

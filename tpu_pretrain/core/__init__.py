@@ -4,7 +4,8 @@
   once and frozen.
 - ``document_masks``: the resolver's decision whether a run keeps the documents of its packed rows apart.
 - ``device_decision``: what a run does on the devices its backend found (precision, XLA, steps per call, the eval
-  batch), decided with its reasons; the backends' differing policies as data.
+  batch), decided with its reasons; the backends' differing policies as data; what to change when a step does not
+  fit in memory.
 - ``protocol``: what the loop needs of a backend's trainer; ``loop``: resume, train, log, evaluate, save, stop.
 - ``run_session``: what one session holds while the loop trains (checkpoints, durable copy, curves, pace, guard,
   save cadence) and what it does at a step's boundary.

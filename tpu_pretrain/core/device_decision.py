@@ -1,6 +1,6 @@
 """What a run does on the devices its backend found: the precision, XLA, the steps per compiled call and the eval
 batch, each ``auto`` (or 0) decided once with the reason it logs: the resolver's last decisions
-(:meth:`.resolve.RunPlan.on_devices`).
+(:meth:`.resolve.RunPlan.on_devices`); and what to change when the step does not fit in their memory.
 
 A backend finds its devices and says what it found (:class:`FoundDevices`); the decisions are made here, the same for
 both backends, but for the policies in which they really differ, which are data read by backend name
@@ -11,11 +11,13 @@ only when asked.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
-from ..config import TrainConfig
+from ..config import Config, TrainConfig
 from ..data.data_folder import DataInfo
 from ..errors import UserInputError
+from ..models.families import family_named
 
 log = logging.getLogger(__name__)
 
@@ -181,3 +183,21 @@ def why_eval_batch(t: TrainConfig, data: DataInfo, replicas: int) -> str:
     if replicas > 1:
         why += f", split evenly over {replicas} replicas"
     return why
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """The device (or, on a CPU, the machine) refused the step's memory: JAX's ``RESOURCE_EXHAUSTED: Out of memory``,
+    TensorFlow's ``OOM when allocating`` (not its ResourceExhaustedError for a full disk)."""
+    return bool(re.search(r"out of memory|OOM when allocating", str(exc), re.IGNORECASE))
+
+
+def out_of_memory_advice(config: Config, exc: BaseException) -> str:
+    """What to change when the step does not fit, naming the settings that decide its memory."""
+    t, m = config.train, config.model
+    model = f"{family_named(m.model_family).title} {m.model_size or 'of ' + (m.bert_config_file or m.init_checkpoint)}"
+    first_line = str(exc).strip().splitlines()[0][:200]
+    return (f"The training step does not fit in memory: {model} at train_batch_size {t.train_batch_size} in "
+            f"{t.gradient_accumulation_steps} micro-batch(es) of max_seq_length {config.data.max_seq_length} "
+            f"({first_line}). Lower --train_batch_size, or keep it and raise --gradient_accumulation_steps (the same "
+            "batch in smaller micro-batches), or train a smaller --model_size; `tpu-pretrain plan` finds the largest "
+            "batch that fits a TPU without one. The checkpoints already saved are kept.")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
+from ..backend import AUTO
 from ..config import RUN, Config, all_fields, pinned_settings
 from ..data.data_folder import data_vocab_file
 from ..data.tokenizer_json import TOKENIZER_JSON as TOKENIZER  # a run's vocab when its data used a tokenizer.json
@@ -39,6 +40,7 @@ from ..models.bert_config import BertConfig
 from ..models.families import BERT, FAMILIES, ModelFamily, family_named, family_of
 from ..models.modernbert_config import ModernBertConfig
 from ..storage.local import atomic_open, write_text_atomic
+from .checkpoints import list_checkpoints
 
 CONFIG = "config.json"
 LOCK = "train.lock"
@@ -185,6 +187,22 @@ class RunFolder:
         except (OSError, ValueError):
             return None
 
+    def recorded_backend(self) -> str | None:
+        """The backend the run here was started with (runs from before the setting: TensorFlow), or None where
+        there is no run or its record leaves the choice to ``auto``."""
+        settings = self.recorded_settings()
+        return backend_in_settings(settings) if settings is not None else None
+
+    def check_not_past_the_end(self, num_train_steps: int) -> None:
+        """Refuse a num_train_steps below the step the run has reached (before its config.json records it)."""
+        newest = next(iter(list_checkpoints(self.checkpoints)), None)
+        if newest is not None and newest.step > num_train_steps:
+            raise UserInputError(
+                f"The run in {self.path} is at step {newest.step} ({newest.name}), past num_train_steps="
+                f"{num_train_steps}: there is nothing to train. To train on, give a num_train_steps above "
+                f"{newest.step} (with --rewarm_steps if its learning rate has decayed); to use the weights as they "
+                "are, `tpu-pretrain evaluate` or `export` the run. Nothing was changed.")
+
     def read_config(self) -> Config:
         if not self.config_file.is_file():
             raise UserInputError(f"{self.path} is not a run folder (no {CONFIG}): start it with `tpu-pretrain train`.")
@@ -263,14 +281,6 @@ def continued_config(given: dict[str, Any], config_file: str | None = None) -> C
     return Config.load(config_file, **given)
 
 
-def given_settings(config: Config) -> dict[str, Any]:
-    """The settings a Python caller's ``config`` gives: those set by name, and any it changed from what those imply
-    (an attribute assigned directly)."""
-    given = {key: config.get(key) for key in config.explicit}
-    implied = Config.from_dict(given).flat()
-    return {**given, **{key: value for key, value in config.flat().items() if value != implied[key]}}
-
-
 def run_identity(config: Config, model_config: BertConfig | ModernBertConfig, data_info) -> dict:
     """The facts a checkpoint of this run depends on (``config`` holds the data's shapes)."""
     model = {k: v for k, v in asdict(model_config).items() if k not in UNPINNED_MODEL_FIELDS}
@@ -296,6 +306,12 @@ def describe_run(record: dict) -> str:
 
 # Settings whose default changed after they were added: the value a run that did not record them trained with.
 SETTINGS_BEFORE_THEY_EXISTED = {"backend": "tensorflow", "document_masks": "off"}
+
+
+def backend_in_settings(settings: dict) -> str | None:
+    """The backend a run's recorded settings (its config.json) name, or None where they leave it to ``auto``."""
+    backend = settings.get("train", {}).get("backend") or SETTINGS_BEFORE_THEY_EXISTED["backend"]
+    return backend if backend != AUTO else None
 
 
 def identity_differences(previous: dict, identity: dict) -> list[str]:

@@ -38,7 +38,6 @@ from ..models.run_weights import (
     read_google_weights,
 )
 from ..models.tf_bundle import find_bundle_prefix, list_tensors
-from ..training import recorded_backend
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +224,7 @@ def load_trained_model(source: str | os.PathLike, checkpoint: str | None = None,
     if run.is_run():
         config, model_config = run.read_config(), run.read_model_config()
         weights, step = run_checkpoint(run, checkpoint)
-        model = build_inference(inference_backend(weights, recorded_backend(source), backend), model_config,
+        model = build_inference(inference_backend(weights, run.recorded_backend(), backend), model_config,
                                 max_seq_length or config.data.max_seq_length,
                                 max_predictions_per_seq or config.data.max_predictions_per_seq, not config.data.no_nsp)
         if config.train.document_masks == "on" and hasattr(getattr(model, "model", None), "document_separator"):

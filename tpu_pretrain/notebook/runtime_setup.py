@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import storage
 from ..backend import AUTO, JAX, jax_installed
-from ..core.run_folder import config_file_at
+from ..core.run_folder import backend_in_settings, config_file_at
 from ..errors import UserInputError
 from ..pinned_sets import CPU_GPU_SET, NO_DEPS
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
@@ -78,7 +78,6 @@ def settle_backend(requested: str, source: str | None = None) -> str:
     started it; on a TPU VM ``auto`` takes the image's own JAX when its TensorFlow (if any) cannot use the TPU,
     with nothing to install; elsewhere ``auto`` stays for the ``tpu-pretrain`` process to decide."""
     from ..backend import choose_backend
-    from ..training import backend_in_settings
 
     config = config_file_at(source) if source else None
     recorded = backend_in_settings(json.loads(storage.read_text(config))) if config and storage.exists(config) else None

@@ -27,7 +27,6 @@ from ..core.run_folder import RunFolder, config_file_at
 from ..errors import UserInputError
 from ..runtime import COLAB, KAGGLE, runtime, tpu_vm_present
 from ..storage import drive
-from ..training import recorded_backend
 from . import places
 from .params import Parameters
 from .progress import StreamedLines, TrainingProgress
@@ -164,7 +163,7 @@ def evaluate(run_dir: str, data_dir: str, sentences: list[str], top_k: int = 5) 
         arguments += ["--data_dir", places.local_eval_data(data_dir)]
     else:
         print(f"No data at {data_dir!r}: held-out figures are skipped (fill-mask still runs).")
-    run_or_raise(arguments, recorded_backend(run_dir))
+    run_or_raise(arguments, RunFolder(run_dir).recorded_backend())
     return f"Results saved in {RunFolder(run_dir).evaluation_file}."
 
 
@@ -173,7 +172,7 @@ def export(run_dir: str, destination: str | os.PathLike) -> Path:
     destination = Path(destination)
     for format in ("hf", "tf"):
         run_or_raise(["export", run_dir, "--format", format, "--output", str(destination / format)],
-                     recorded_backend(run_dir))
+                     RunFolder(run_dir).recorded_backend())
     return destination
 
 
