@@ -112,7 +112,7 @@ def masked_sentences(corpus: Path, tokenizer, rows: int = 3, mask_every: int = 4
     return ids, positions
 
 
-def test_trained_by_the_cli_exported_and_loaded_by_transformers_to_the_same_logits(data, reference, tmp_path):
+def test_trained_by_the_cli_exported_and_loaded_by_transformers_to_the_same_logits(data, reference, tmp_path, capsys):
     from tpu_pretrain.export.rebuild import load_trained_model
 
     state = final_state(reference)
@@ -147,7 +147,13 @@ def test_trained_by_the_cli_exported_and_loaded_by_transformers_to_the_same_logi
     print(f"MLM logits, JAX checkpoint vs transformers on the export: max abs difference {worst:.3g}")
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
 
-    assert main(["evaluate", str(reference), "--output", str(tmp_path / "evaluation.json")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(reference), "--output", str(tmp_path / "evaluation.json"), "--sentence",
+                 "The [MASK] of the city was built in the [MASK] century."]) == 0
+    said = capsys.readouterr().out
+    assert "The [MASK] of the city" in said and "mask 1: " in said and "mask 2: " in said, said
+    filled = json.loads((tmp_path / "evaluation.json").read_text())["fill_mask"]
+    assert [len(slot["candidates"]) for slot in filled[0]["masks"]] == [5, 5], filled
     figures = json.loads((tmp_path / "evaluation.json").read_text())["metrics"]
     final = json.loads((reference / "train_summary.json").read_text())["final_eval"]
     assert "nsp_accuracy" not in figures and figures["mlm_loss"] == pytest.approx(final["mlm_loss"], rel=1e-5)
