@@ -1,7 +1,7 @@
 """Variants of the JAX training step timed side by side in one process: changes tried before they enter the package.
 
-Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base gelu_grad xla_attention]
-           [--model_size L12-H768] [--batch 256] [--steps 40] [--smoke]
+Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base gelu_grad remat ...]
+           [--xla_flags FLAGS] [--model_size L12-H768] [--batch 256] [--steps 40] [--smoke]
 
 Each variant builds the JAX trainer as ``bench_train_jax.py`` does (random data, 20 steps per call) with one change
 made from here (the package is patched in this process only), and prints sequences/s, the first call (the
@@ -15,6 +15,18 @@ compile) and the loss after the timed steps, which must agree with ``base`` to b
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128).
 - ``gelu_grad+xla_attention``: both.
+- ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
+  the LayerNorms and the GELU are recomputed inside the backward pass's fusions instead of their forward writing
+  what the backward reads (per token and block, three float32 copies of the LayerNorms' ``[768]`` inputs and four
+  bfloat16 ``[3072]`` tensors of the GELU: ``jax.ad_checkpoint.print_saved_residuals`` on one block). Predicted
+  +3-8% (the GELU's forward 4.1 -> ~1.7 ms as under its ``custom_vjp``, the LayerNorms' forward writes halved), unless
+  the recomputed row statistics cost the backward what the forward saved.
+- ``tanh_gelu``: the tanh GELU (``gelu_new``) for BERT's exact one: alone ~0 (both memory-bound). With
+  ``--xla_flags=--xla_gpu_enable_cublaslt=true`` (another process: XLA reads its flags when JAX starts) XLA's GEMM
+  rewriter may fold the bias and the tanh GELU into cuBLASLt's epilogue (the forward's GELU kernel gone, its input
+  kept as the GEMM's auxiliary output); its pattern checks the constants closely, which bfloat16's may miss: the
+  profile says which (a ``cublas-lt-matmul`` where the GELU's fusion was). The loss differs from ``base`` by the
+  two functions' difference (~1e-3 per activation).
 
 Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against
 the same baseline, and only what a measurement kept moves into the package. ``--smoke``: L2-H128 on the CPU.
@@ -32,12 +44,13 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-from support import parse_args, write_random_data_folder  # noqa: E402
+from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, time_training  # noqa: E402
+from support import parse_args  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
-VARIANTS = ("base", "gelu_grad", "xla_attention", "gelu_grad+xla_attention")
+VARIANTS = ("base", "gelu_grad", "xla_attention", "gelu_grad+xla_attention", "remat", "tanh_gelu")
 
 
 def gelu_dense_class():
@@ -90,13 +103,34 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(model._Factory, "dense", dense))
     if "xla_attention" in name:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
+    if name == "remat":
+        block = model.TransformerBlock
+        patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))
+    if name == "tanh_gelu":
+        exact = model.activation
+        patches.enter_context(mock.patch.object(model, "activation",
+                                                lambda act: exact("gelu_new" if act == "gelu" else act)))
     return patches
+
+
+def remat_call(call):
+    """``TransformerBlock.call`` under ``jax.checkpoint``: what the backward pass needs is recomputed from the
+    GEMMs' and the attention's outputs (``remat``; without dropout, whose key the checkpoint would have to carry)."""
+    import jax
+
+    dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+    def saved(primitive, *args, **params):
+        return "attention" in primitive.name or dots(primitive, *args, **params)
+
+    def remat(self, x, attend, documents=None, training=False, mesh=None):
+        return jax.checkpoint(lambda h: call(self, h, attend, documents, training, mesh), policy=saved)(x)
+
+    return remat
 
 
 def time_variant(name: str, config: Config, steps: int) -> dict:
     """``bench_train_jax.time_training`` with the package patched for ``name`` (its model is built at the start)."""
-    from bench_train_jax import time_training
-
     with variant(name):
         return time_training(config, steps)
 
@@ -104,23 +138,18 @@ def time_variant(name: str, config: Config, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--model_size", default="L12-H768")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--pred", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=30522)
-    parser.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of steps_per_execution)")
-    parser.add_argument("--steps_per_execution", type=int, default=20)
-    args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
-                                     "steps": 2, "steps_per_execution": 2, "variants": ["gelu_grad+xla_attention"]},
-                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, both changes in one variant")
+    parser.add_argument("--xla_flags", default="", help="added to XLA_FLAGS for every variant of this process")
+    add_step_arguments(parser, batch=256, steps=40, steps_per_execution=20)
+    args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2,
+                                     "variants": ["gelu_grad+xla_attention", "remat", "tanh_gelu"]},
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps; three variants")
+    if args.xla_flags:  # read when JAX starts its backend: before the first trainer is built
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
+        print(f"XLA_FLAGS={os.environ['XLA_FLAGS']}")
     flops = training_flops_per_sequence(bert_config_for_size(args.model_size, args.vocab), args.seq, args.pred)
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
-        config = Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
-                             train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
-                             steps_per_execution=args.steps_per_execution, hidden_dropout_prob=0.0)
+        config = step_config(folder, args, hidden_dropout_prob=0.0)
         for name in args.variants:
             results[name] = time_variant(name, config, args.steps)
             r = results[name]

@@ -41,6 +41,27 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.peaks import group_peak  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
+SMOKE_STEP = {"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000, "steps": 2}
+
+
+def add_step_arguments(parser: argparse.ArgumentParser, batch: int, steps: int, steps_per_execution: int) -> None:
+    """The step's shape and how many steps are timed, as the step benchmarks take them."""
+    parser.add_argument("--model_size", default="L12-H768")
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--pred", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps (a multiple of steps_per_execution)")
+    parser.add_argument("--steps_per_execution", type=int, default=steps_per_execution)
+
+
+def step_config(folder: str, args: argparse.Namespace, **settings) -> Config:
+    """A JAX run of the step's shape (``args``) on random BERT-schema shards written to ``folder``."""
+    write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
+    return Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
+                       train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
+                       steps_per_execution=args.steps_per_execution, **settings)
+
 
 def matmul_rate(dtype: str, m: int, k: int, n: int, seconds: float) -> float:
     """FLOP/s of an (m x k) @ (k x n) matmul in ``dtype`` on the default device, timed over ``seconds``."""
@@ -117,13 +138,7 @@ def input_rate(trainer, batches: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model_size", default="L12-H768")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--pred", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=30522)
-    parser.add_argument("--steps", type=int, default=4, help="timed steps (a multiple of steps_per_execution)")
-    parser.add_argument("--steps_per_execution", type=int, default=1)
+    add_step_arguments(parser, batch=32, steps=4, steps_per_execution=1)
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
     parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout (default 0, the "
                         "modern recipe's, which takes the fused attention; 0.1, BERT's, keeps attention explicit)")
@@ -133,8 +148,7 @@ def main() -> None:
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
     parser.add_argument("--profile", type=Path, default=None, help="trace steps after the timing; results here")
     parser.add_argument("--profile_steps", type=int, default=5)
-    args = parse_args(parser, smoke={"model_size": "L2-H128", "batch": 4, "seq": 32, "pred": 5, "vocab": 1000,
-                                     "steps": 2, "matmul_size": 512, "matmul_seconds": 0.2, "profile_steps": 2},
+    args = parse_args(parser, smoke={**SMOKE_STEP, "matmul_size": 512, "matmul_seconds": 0.2, "profile_steps": 2},
                       what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, a 512^3 matmul reading, "
                            "the profile into a temporary folder")
     scratch = Path(tempfile.mkdtemp(prefix="bench_train_jax_"))
@@ -145,11 +159,7 @@ def main() -> None:
     cfg = bert_config_for_size(args.model_size, args.vocab)
     flops = training_flops_per_sequence(cfg, args.seq, args.pred)
     with tempfile.TemporaryDirectory() as folder:
-        write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
-        config = Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
-                             train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
-                             mixed_precision=args.precision, steps_per_execution=args.steps_per_execution,
-                             hidden_dropout_prob=args.dropout)
+        config = step_config(folder, args, mixed_precision=args.precision, hidden_dropout_prob=args.dropout)
         timed = time_training(config, args.steps)
         trainer, rate, first, wait = timed["trainer"], timed["rate"], timed["first"], timed["wait"]
         feed = input_rate(trainer, max(4, args.steps))
