@@ -115,6 +115,18 @@ def target_devices(target: TpuTarget | None):
     return Devices("tpu", devices, abstract=True)
 
 
+def devices_for(tpu: str, target: TpuTarget | None):
+    """The devices a plan compiles for: ``cpu``, this host's devices and XLA's CPU compiler (the search's small
+    target in tests); else the TPU ``target`` described (:func:`target_devices`), or the TPU here."""
+    if tpu == "cpu":
+        import jax
+
+        from .devices import Devices
+
+        return Devices("cpu", jax.devices("cpu"), "float32")
+    return target_devices(target)
+
+
 def capacity_of(devices, target: TpuTarget | None) -> int:
     """Bytes one device can hold: a present TPU says so itself, a described one by its published HBM."""
     if target is not None:
@@ -272,12 +284,7 @@ def plan(config: Config, tpu: str = "v5e-1", search: bool = True, hbm_gib: float
     from .trainer import JaxTrainer
 
     target = check_request(tpu, hbm_gib)
-    if tpu == "cpu":  # this host's devices and XLA's CPU compiler: the search's small target in tests
-        from .devices import Devices
-
-        devices = Devices("cpu", jax.devices("cpu"), "float32")
-    else:
-        devices = target_devices(target)
+    devices = devices_for(tpu, target)
     capacity = int(hbm_gib * GIB) if hbm_gib else capacity_of(devices, target)
     run_plan = RunPlan.from_settings(config)
     trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
