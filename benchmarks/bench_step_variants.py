@@ -1,7 +1,8 @@
 """Variants of the JAX training step timed side by side in one process: changes tried before they enter the package.
 
 Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base gelu_grad remat ...]
-           [--xla_flags FLAGS] [--model_size L12-H768] [--batch 256] [--steps 40] [--smoke]
+           [--xla_flags FLAGS] [--compile_for v5e-1|cpu] [--model_size L12-H768] [--batch 256] [--steps 40]
+           [--smoke]
 
 Each variant builds the JAX trainer as ``bench_train_jax.py`` does (random data, 20 steps per call) with one change
 made from here (the package is patched in this process only), and prints sequences/s, the first call (the
@@ -35,7 +36,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   two functions' difference (~1e-3 per activation).
 
 Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against
-the same baseline, and only what a measurement kept moves into the package. ``--smoke``: L2-H128 on the CPU.
+the same baseline, and only what a measurement kept moves into the package. ``--compile_for``: each variant's step
+compiled for a TPU (or the CPU) as ``tpu-pretrain plan`` compiles it, with the compiler's FLOPs, bytes accessed and
+temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing). ``--smoke``: L2-H128 on the CPU, three variants,
+their steps compiled for the CPU too.
 """
 
 from __future__ import annotations
