@@ -173,24 +173,22 @@ def time_variant(name: str, config: Config, steps: int) -> dict:
         return time_training(config, steps)
 
 
-def compiled_counts(name: str, config: Config, target: str) -> dict:
-    """One step of ``name`` compiled for ``target`` as ``tpu-pretrain plan`` compiles it (a TPU by name, with the
-    TPU compiler and no TPU; or ``cpu``): the compiler's FLOPs and bytes accessed (its cost model's count over the
-    optimised HLO) and its temporaries."""
+def compiled_counts(name: str, config: Config, target: str):
+    """One step of ``name`` compiled for ``target`` by ``tpu-pretrain plan``'s own compile (a TPU by name, with the
+    TPU compiler and no TPU; or ``cpu``): its :class:`StepCompile`, with the compiler's FLOPs and bytes accessed (its
+    cost model's count over the optimised HLO) and the temporaries."""
     from tpu_pretrain.core.resolve import RunPlan
-    from tpu_pretrain.jax_backend.plan import check_request, devices_for, lower_step
+    from tpu_pretrain.jax_backend.plan import capacity_of, check_request, compile_step, devices_for
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     with variant(name):
-        run_plan = RunPlan.from_settings(config)
-        devices = devices_for(target, check_request(target))
+        run_plan, tpu = RunPlan.from_settings(config), check_request(target)
+        devices = devices_for(target, tpu)
         trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
-        compiled = lower_step(trainer).compile()
+        t = trainer.config.train
+        compiled = compile_step(trainer, t.train_batch_size, t.gradient_accumulation_steps, capacity_of(devices, tpu))
         trainer.close()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return {"flops": cost.get("flops", 0.0), "bytes": cost.get("bytes accessed", 0.0),
-            "temporaries": compiled.memory_analysis().temp_size_in_bytes}
+    return compiled
 
 
 def main() -> None:
@@ -217,9 +215,10 @@ def main() -> None:
         config = step_config(folder, args, hidden_dropout_prob=0.0)
         for name in args.variants if args.compile_for else ():
             c = compiled_counts(name, config, args.compile_for)
-            print(f"{name:28} compiled for {args.compile_for}, one step: {c['flops'] / 1e12:.3f} TFLOP, "
-                  f"{c['bytes'] / 1e9:.2f} GB accessed (the compiler's count), temporaries "
-                  f"{c['temporaries'] / 2**30:.2f} GiB", flush=True)
+            said = f"did not compile: {c.error}" if c.error else (
+                f"{c.flops / 1e12:.3f} TFLOP, {c.bytes_accessed / 1e9:.2f} GB accessed (the compiler's count), "
+                f"temporaries {c.memory['temporaries'] / 2**30:.2f} GiB")
+            print(f"{name:28} compiled for {args.compile_for}, one step: {said}", flush=True)
         for name in args.variants if args.steps else ():
             results[name] = time_variant(name, config, args.steps)
             r = results[name]

@@ -163,7 +163,8 @@ def compile_step(trainer, batch: int, accumulation: int, capacity: int) -> StepC
               "temporaries": stats.temp_size_in_bytes,
               "output": max(0, stats.output_size_in_bytes - stats.alias_size_in_bytes),
               "program": stats.generated_code_size_in_bytes}
-    return StepCompile(batch, accumulation, seconds, capacity, memory=memory, flops=(cost or {}).get("flops"))
+    return StepCompile(batch, accumulation, seconds, capacity, memory=memory, flops=(cost or {}).get("flops"),
+                       bytes_accessed=(cost or {}).get("bytes accessed"))
 
 
 def lower_step(trainer):

@@ -22,6 +22,7 @@ class StepCompile:
     capacity: int  # bytes one device can hold
     memory: dict[str, int] = field(default_factory=dict)  # per device: state, input, temporaries, output, program
     flops: float | None = None  # XLA's count, per device and step
+    bytes_accessed: float | None = None  # XLA's cost model's count of memory traffic, per device and step
     error: str = ""  # the compiler's own message when it did not compile
     used: int | None = None  # an out-of-memory error's bytes needed
 
