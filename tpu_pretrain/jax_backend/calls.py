@@ -57,11 +57,11 @@ class PendingCall:
     last: int  # the step it ends at
     input_wait_seconds: float
     compile_seconds: float  # the dispatch's compile of the call (0: it was compiled before)
-    clock: CompletionClock | None = None
+    clock: CompletionClock  # when the devices finish it
 
-    def finished_at(self) -> float | None:
+    def finished_at(self) -> float:
         """When the devices finished the call (``time.perf_counter``); waits for it."""
-        return self.clock.at() if self.clock is not None else None
+        return self.clock.at()
 
     def totals(self) -> dict:
         return self.read(self)
