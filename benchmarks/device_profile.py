@@ -36,7 +36,7 @@ def kind_of(kernel: str) -> str:
 
 def trace_file(trace_dir: Path) -> Path | None:
     """The trace ``jax.profiler`` wrote under ``trace_dir`` (or a copy of it named ``trace.json.gz``)."""
-    return next(iter(sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("*trace.json.gz"))), None)
+    return next(iter(sorted(trace_dir.rglob("*trace.json.gz"))), None)
 
 
 def optimised_hlo(hlo_dir: Path | None) -> Path | None:
