@@ -138,3 +138,67 @@ def test_device_profile_sums_a_gpu_trace_by_kind_and_model_part(tmp_path):
     device_profile.keep(recorded, recorded, tmp_path / "kept", summary)
     assert {p.name for p in (tmp_path / "kept").iterdir()} == {"profile.json", "trace.json.gz", "hlo.tar.gz"}
     assert "note" in device_profile.breakdown(tmp_path / "empty", None, steps=1)
+
+
+def test_hlo_roofline_counts_each_kind_of_kernel_a_step_launches():
+    """What ``bench_step_variants.py --compile_for h100`` reads off a GPU step's optimised HLO: every kernel in the
+    loop's body (times its trip count) and in the command buffer, none for names and views; a fusion that slices a
+    buffer reads the slice, one that updates a buffer in place writes the update; FLOPs from the shapes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import hlo_roofline
+
+    module = (ROOT / "tests" / "recorded" / "small_gpu_step.hlo.txt").read_text()
+    found = {k.name: k for k in hlo_roofline.kernels(module)}
+    assert set(found) == {"loop_slice_fusion", "gemm_fusion_dot.1", "cublas-lt-matmul.1", "loop_update_fusion",
+                          "zeros", "next", "attention"}  # the loop counter's add is a (tiny) kernel too
+    tile = 256 * 128
+    assert found["loop_slice_fusion"].read == 4 * (tile * 4 + 4)  # one f32 slice and the index, four times
+    assert found["loop_slice_fusion"].written == 4 * tile * 2
+    assert found["loop_slice_fusion"].launches == 4
+    assert found["loop_slice_fusion"].part == "fwd embeddings/convert_element_type"
+    update = found["loop_update_fusion"]
+    assert (update.read, update.written) == (4 * (tile * 2 + 4), 4 * tile * 4)  # the bf16 update, not the buffer
+    assert update.part == "bwd layer_N/output"
+    assert found["gemm_fusion_dot.1"].flops == 4 * 2 * 256 * 128 * 512
+    assert found["cublas-lt-matmul.1"].flops == 4 * 2 * 256 * 512 * 128
+    assert found["cublas-lt-matmul.1"].read == 4 * (256 * 512 + 512 * 128) * 2
+    assert found["attention"].flops == 4 * 2 * 12 * 128 * 128 * 64 and found["attention"].launches == 1
+
+    card = hlo_roofline.Card("test", bandwidth=1e13, matmul=1e13, launch=1e-6)
+    step = hlo_roofline.estimate(list(found.values()), card)
+    assert step["kernels"] == 4 * 5 + 2  # five kernels in the loop, four times; two outside
+    assert step["ms"] == pytest.approx(step["matmul_ms"] + step["other_ms"])
+    gemm = found["gemm_fusion_dot.1"]
+    assert step["matmul_ms"] == pytest.approx(1e3 * sum(
+        max((k.read + k.written) / 1e13, k.flops / 1e13) + 1e-6 * k.launches for k in found.values() if k.flops))
+    assert gemm.flops > gemm.read + gemm.written  # this GEMM is costed by its FLOPs
+    assert step["other_by_part"]["bwd layer_N/output"] == pytest.approx(1e3 * (
+        (update.read + update.written) / 1e13 + 4e-6))
+    with pytest.raises(ValueError, match="no ENTRY"):
+        hlo_roofline.kernels("HloModule empty\n")
+
+
+def test_hlo_roofline_costs_a_real_h100_steps_kernels_near_their_measured_time():
+    """Four kernels of BERT-base's step compiled on an H100 (the GELU forward and its gradient, two LayerNorm
+    gradients; their fused computations as XLA wrote them) against the same run's trace: their bytes are what their
+    shapes hold, and the roofline at the card's calibrated rate is within 15% of their measured time together."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_profile
+    import hlo_roofline
+
+    recorded = ROOT / "tests" / "recorded" / "h100_bert_base_step"
+    found = {k.name: k for k in hlo_roofline.kernels((recorded / "four_kernels.hlo.txt").read_text())}
+    activations = 256 * 128 * 3072 * 2  # one bfloat16 [tokens, 3072] tensor
+    gelu = found["loop_convert_multiply_fusion.11"]
+    assert (gelu.read, gelu.written) == (activations + 3072 * 2, 3 * activations)  # three tensors for its gradient
+    assert found["input_add_reduce_fusion"].read == 4 * activations + 3072 * 2  # two of them, y and its gradient
+    assert found["fusion.2088"].part == "bwd layer_N/output_norm"
+
+    card = hlo_roofline.CARDS["h100"]
+    times, counts = device_profile.device_kernels(recorded)
+    traced = {name: name.replace(".", "_") for name in found}  # a fusion's kernel is named after it
+    measured = {traced[name]: times[traced[name]] / counts[traced[name]] for name in found}
+    estimated = {traced[name]: 1e3 * hlo_roofline.estimate([k], card)["ms"] for name, k in found.items()}  # us
+    assert sum(estimated.values()) == pytest.approx(sum(measured.values()), rel=0.15), (estimated, measured)
+    for gelu_kernel in ("loop_convert_multiply_fusion_11", "input_add_reduce_fusion"):
+        assert estimated[gelu_kernel] == pytest.approx(measured[gelu_kernel], rel=0.15)
