@@ -1,7 +1,7 @@
 """Variants of the JAX training step timed side by side in one process: changes tried before they enter the package.
 
-Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base gelu_grad remat ...]
-           [--xla_flags FLAGS] [--compile_for v5e-1|cpu] [--model_size L12-H768] [--batch 256] [--steps 40]
+Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base keras_gelu remat ...]
+           [--xla_flags FLAGS] [--compile_for v5e-1|cpu|h100] [--model_size L12-H768] [--batch 256] [--steps 40]
            [--smoke]
 
 Each variant builds the JAX trainer as ``bench_train_jax.py`` does (random data, 20 steps per call) with one change
@@ -10,36 +10,48 @@ compile) and the loss after the timed steps, which must agree with ``base`` to b
 timing, what one block's forward keeps for its backward under each (:func:`kept_for_backward`, bytes per token):
 
 - ``base``: the package as it is.
-- ``gelu_grad``: the feed-forward layer's bias and exact GELU through a ``jax.custom_vjp`` that keeps only the
-  GEMM's output for the gradient and casts the gradient to the compute dtype before the bias gradient's sum (so
-  XLA can produce both in one pass). Measured on an H100 (benchmarks/GPU_NOTES.md), the GELU's two passes took
-  8.2 ms of a 53 ms step; a first version with the gradient in float32 moved it by -1% (its backward wrote float32).
+- ``keras_gelu``: the package before the exact GELU's hand-written gradient (``lean_layers.exact_gelu``): Keras's
+  GELU and JAX's autodiff of it, whose forward writes three activation-sized tensors for the backward. The GELU's
+  two passes took 8.2 ms of a 53 ms step on an H100 (benchmarks/GPU_NOTES.md). Two earlier forms of the
+  ``custom_vjp`` took the bias in too: with the gradient in float32 it measured -1% on the H100 (its backward wrote
+  float32); with it in bfloat16, compiled for an H100 here, the forward became two kernels (XLA's ``erfc`` form of
+  ``jax.nn.gelu`` reads its input many times, so the compiler would not fuse the scaled input into it) and the
+  estimate did not move. The package's form (float32 ``erf``, the bias left in the GEMM's epilogue): estimated
+  1.061x this one (below).
+- ``keras_layernorm``: Keras's LayerNormalization for the package's (``lean_layers.LayerNorm``: the row's mean and mean
+  square in one pass), whose forward reduces the mean, then the squared deviations from it, then normalises: three
+  passes over the input, two kernels of them reductions.
+- ``autodiff_loss``: JAX's autodiff of ``log_softmax`` and ``take_along_axis`` for the package's cross-entropy
+  (``step.cross_entropy``, whose gradient is ``softmax - one_hot`` in one pass): a scatter into a zeroed
+  ``[predictions, vocabulary]`` tensor and several passes over the float32 logits.
+- ``keras_gelu+keras_layernorm+autodiff_loss``: the step before all three (commit 961c978's).
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128).
-- ``gelu_grad+xla_attention``: both.
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
   the LayerNorms and the GELU are recomputed inside the backward pass's fusions instead of their forward writing
-  what the backward reads (per token and block, three float32 copies of the LayerNorms' ``[768]`` inputs and four
-  bfloat16 ``[3072]`` tensors of the GELU: ``jax.ad_checkpoint.print_saved_residuals`` on one block; by
-  :func:`kept_for_backward` on a CPU's attention path, BERT-base at 128: 67.6 KiB per token and block for ``base``,
-  15.0 for ``remat``, 55.6 for ``gelu_grad``, 79.6 for ``tanh_gelu``). The TPU compiler counts the other way
-  (``--compile_for v5e-1 --steps 0 --batch 128``, libtpu 0.0.42.1: bytes accessed per step, base 72.5 GB, ``remat``
-  87.7, +21%, its temporaries 6.2 -> 5.2 GiB; ``gelu_grad`` 68.9, -5%; ``tanh_gelu`` 67.5, -7%, temporaries 5.1 GiB;
-  ``xla_attention`` 74.5 against the splash kernel's): recomputing reads the inputs again. Predicted on a GPU
-  +3-8% (the GELU's forward 4.1 -> ~1.7 ms as under its ``custom_vjp``, the LayerNorms' forward writes halved), unless
-  the recomputed row statistics cost the backward what the forward saved.
-- ``tanh_gelu``: the tanh GELU (``gelu_new``) for BERT's exact one: alone ~0 (both memory-bound). With
+  what the backward reads (:func:`kept_for_backward` on a CPU's attention path, BERT-base at 128, per token and
+  block: ``keras_gelu`` 67.6 KiB, ``base`` 55.6, ``remat`` 15.0, ``tanh_gelu`` 79.6). Compiled, both compilers
+  count the other way: recomputing reads the inputs again (the TPU's, ``--compile_for v5e-1 --steps 0 --batch 128``,
+  libtpu 0.0.42.1, bytes accessed per step against ``keras_gelu``'s 72.5 GB: ``remat`` 87.7, +21%; the exact GELU's
+  gradient 68.9, -5%; ``tanh_gelu`` 67.5; ``xla_attention`` 74.5 against the splash kernel's).
+- ``tanh_gelu``: the tanh GELU (``gelu_new``) for BERT's exact one: the same bytes. With
   ``--xla_flags=--xla_gpu_enable_cublaslt=true`` (another process: XLA reads its flags when JAX starts) XLA's GEMM
-  rewriter may fold the bias and the tanh GELU into cuBLASLt's epilogue (the forward's GELU kernel gone, its input
-  kept as the GEMM's auxiliary output); its pattern checks the constants closely, which bfloat16's may miss: the
-  profile says which (a ``cublas-lt-matmul`` where the GELU's fusion was). The loss differs from ``base`` by the
-  two functions' difference (~1e-3 per activation).
+  rewriter may fold the bias and the tanh GELU into cuBLASLt's epilogue; compiled for an H100 by jax 0.10.2 it folds
+  the biases only (``"epilogue":"BIAS"`` in the HLO, no ``GELU``). The loss differs from ``base`` by the two
+  functions' difference (~1e-3 per activation).
 
 Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against
 the same baseline, and only what a measurement kept moves into the package. ``--compile_for``: each variant's step
 compiled for a TPU (or the CPU) as ``tpu-pretrain plan`` compiles it, with the compiler's FLOPs, bytes accessed and
-temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing). ``--smoke``: L2-H128 on the CPU, three variants,
-their steps compiled for the CPU too.
+temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing); or for a GPU (``h100``, ``h200``) by JAX's CUDA
+plugin on this machine (:mod:`gpu_targets`), its time per step estimated from the GPU compiler's optimised HLO
+(:mod:`hlo_roofline`, calibrated on the H100's trace: 53.2 ms estimated against 53.1 measured) and set against
+``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the
+package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's
+44.1, and the one-pass LayerNorm 43.1 (1.115x in all). Against the step before them: ``tanh_gelu`` 48.1 (the same
+bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost 14.9 ms in the backward),
+``xla_attention`` 65.9 (0.729x).
+``--smoke``: L2-H128 on the CPU, three variants, their steps compiled for the CPU too.
 """
 
 from __future__ import annotations
@@ -54,70 +66,46 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import gpu_targets  # noqa: E402
 from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, time_training  # noqa: E402
 from support import parse_args  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
-VARIANTS = ("base", "gelu_grad", "xla_attention", "gelu_grad+xla_attention", "remat", "tanh_gelu")
-
-
-def gelu_dense_class():
-    """A ``keras.layers.Dense`` with the exact GELU whose gradient keeps only the GEMM's output (``gelu_grad``)."""
-    import math
-
-    import jax
-    import jax.numpy as jnp
-    import keras
-    from keras import ops
-
-    @jax.custom_vjp
-    def bias_gelu(y, bias):
-        return jax.nn.gelu(y + bias, approximate=False)
-
-    def forward(y, bias):
-        return bias_gelu(y, bias), (y, bias)
-
-    def backward(saved, grad):
-        y, bias = saved
-        h = y.astype(jnp.float32) + bias.astype(jnp.float32)
-        slope = 0.5 * (1.0 + jax.lax.erf(h * math.sqrt(0.5))) + h * jnp.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
-        dh = (grad.astype(jnp.float32) * slope).astype(y.dtype)  # one tensor in the compute dtype, two consumers
-        return dh, jnp.sum(dh, axis=tuple(range(y.ndim - 1)), dtype=jnp.float32).astype(bias.dtype)
-
-    bias_gelu.defvjp(forward, backward)
-
-    class GeluDense(keras.layers.Dense):
-        def call(self, inputs, training=None):
-            y = ops.matmul(inputs, ops.cast(self.kernel, self.compute_dtype))
-            return bias_gelu(y, ops.cast(self.bias, self.compute_dtype))
-
-    return GeluDense
+CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "xla_attention", "remat", "tanh_gelu")
+BEFORE = "keras_gelu+keras_layernorm+autodiff_loss"  # the step as it was before these three entered the package
+VARIANTS = (*CHANGES, BEFORE)
 
 
 def variant(name: str) -> contextlib.ExitStack:
-    """The package patched for ``name`` while the trainer is built (its model is built then): the blocks'
-    feed-forward layer (``intermediate``, exact GELU in every BERT size) and the attention path."""
-    from tpu_pretrain.jax_backend import model
+    """The package patched for ``name`` (changes joined by ``+``) while the trainer is built (its model is built and
+    its step traced then)."""
+    import jax
+    import jax.numpy as jnp
+    import keras
 
-    patches = contextlib.ExitStack()
-    if "gelu_grad" in name:
-        gelu_dense, original = gelu_dense_class(), model._Factory.dense
+    from tpu_pretrain.jax_backend import lean_layers, model, step
 
-        def dense(self, units, layer_name, activation=None):
-            if layer_name == "intermediate":
-                return gelu_dense(units, kernel_initializer=self.init(), name=layer_name, dtype=self.dtype)
-            return original(self, units, layer_name, activation)
+    changes, patches = name.split("+"), contextlib.ExitStack()
+    exact = model.activation
+    if "keras_gelu" in changes:
+        patches.enter_context(mock.patch.object(model, "activation", lambda act: (
+            (lambda x: keras.activations.gelu(x, approximate=False)) if act == "gelu" else exact(act))))
+    if "keras_layernorm" in changes:
+        patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", keras.layers.LayerNormalization.call))
+    if "autodiff_loss" in changes:
+        def autodiff(logits, labels):
+            log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
+            return -jnp.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
 
-        patches.enter_context(mock.patch.object(model._Factory, "dense", dense))
-    if "xla_attention" in name:
+        patches.enter_context(mock.patch.object(step.JaxOps, "cross_entropy", staticmethod(autodiff)))
+    if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
-    if name == "remat":
+    if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))
-    if name == "tanh_gelu":
-        exact = model.activation
+    if "tanh_gelu" in changes:
         patches.enter_context(mock.patch.object(model, "activation",
                                                 lambda act: exact("gelu_new" if act == "gelu" else act)))
     return patches
@@ -173,6 +161,28 @@ def time_variant(name: str, config: Config, steps: int) -> dict:
         return time_training(config, steps)
 
 
+def gpu_estimate(name: str, config: Config, target: str) -> dict:
+    """One step of ``name`` compiled for the GPU ``target`` on this machine (:mod:`gpu_targets`) and costed from the
+    GPU compiler's optimised HLO by :mod:`hlo_roofline`: milliseconds per step estimated, kernels, bytes moved."""
+    import gpu_targets
+    import hlo_roofline
+
+    from tpu_pretrain.core.resolve import RunPlan
+    from tpu_pretrain.jax_backend.plan import lower_step
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    with variant(name), gpu_targets.compiling_for(target) as devices:
+        run_plan = RunPlan.from_settings(config)
+        trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
+        t = trainer.config.train
+        trainer.set_batch(t.train_batch_size, t.gradient_accumulation_steps)
+        compiled = lower_step(trainer).compile()
+        trainer.close()
+    found = hlo_roofline.kernels(compiled.as_text())
+    return {**hlo_roofline.estimate(found, hlo_roofline.CARDS[target]),
+            "temporaries_gib": compiled.memory_analysis().temp_size_in_bytes / 2**30}
+
+
 def compiled_counts(name: str, config: Config, target: str):
     """One step of ``name`` compiled for ``target`` by ``tpu-pretrain plan``'s own compile (a TPU by name, with the
     TPU compiler and no TPU; or ``cpu``): its :class:`StepCompile`, with the compiler's FLOPs and bytes accessed (its
@@ -191,18 +201,45 @@ def compiled_counts(name: str, config: Config, target: str):
     return compiled
 
 
+def show_estimates(estimates: dict, target: str, batch: int) -> None:
+    """Each variant's estimated step on ``target``, then against ``base`` where it was estimated too: the step and
+    the parts of the model whose non-matmul time moved most."""
+    for name, e in estimates.items():
+        print(f"{name:28} compiled for {target} (estimated from its HLO): {e['ms']:.1f} ms per step, "
+              f"{batch / e['ms'] * 1e3:,.0f} sequences/s ({e['matmul_ms']:.1f} ms in matrix products, "
+              f"{e['other_ms']:.1f} elsewhere); {e['kernels']} kernels, {e['gb_moved']:.1f} GB moved, temporaries "
+              f"{e['temporaries_gib']:.2f} GiB", flush=True)
+        print("    outside the matrix products (ms): " + ", ".join(
+            f"{part} {ms:.2f}" for part, ms in list(e["other_by_part"].items())[:8]))
+    base = estimates.get("base")
+    for name, e in estimates.items() if base else ():
+        if name != "base":
+            parts = {p: e["other_by_part"].get(p, 0.0) - base["other_by_part"].get(p, 0.0)
+                     for p in {*e["other_by_part"], *base["other_by_part"]}}
+            moved = ", ".join(f"{p} {ms:+.2f}" for p, ms in sorted(parts.items(), key=lambda kv: -abs(kv[1]))[:4])
+            print(f"{name:28} {base['ms'] / e['ms']:.3f}x base estimated on {target}; ms moved: {moved}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        help=f"changes, or changes joined by + (default: all of {', '.join(VARIANTS)})")
     parser.add_argument("--xla_flags", default="", help="added to XLA_FLAGS for every variant of this process")
     parser.add_argument("--compile_for", default="", help="also compile each variant's step for this target and "
                         "print the compiler's counts: a TPU (v5e-1, v5e-8...; the TPU compiler, pip install "
-                        "'jax[tpu]', no TPU needed) or cpu; --steps 0 times nothing")
+                        "'jax[tpu]', no TPU needed), cpu, or a GPU (h100, h200: JAX's CUDA plugin, no GPU needed; "
+                        "the step's time estimated from its optimised HLO); --steps 0 times nothing")
     add_step_arguments(parser, batch=256, steps=40, steps_per_execution=20)
     args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2, "compile_for": "cpu",
-                                     "variants": ["gelu_grad+xla_attention", "remat", "tanh_gelu"]},
+                                     "variants": ["keras_gelu", "remat", "tanh_gelu"]},
                       what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps; three variants, their steps "
                            "compiled for the CPU too")
+    on_gpu = args.compile_for in gpu_targets.TARGETS
+    if on_gpu:
+        gpu_targets.prepare(args.compile_for)
+    unknown = sorted({c for name in args.variants for c in name.split("+")} - set(CHANGES))
+    if unknown:
+        parser.error(f"no such change: {', '.join(unknown)} (these are: {', '.join(CHANGES)})")
     if args.xla_flags:  # read when JAX starts its backend: before the first trainer is built
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
         print(f"XLA_FLAGS={os.environ['XLA_FLAGS']}")
@@ -213,7 +250,9 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         config = step_config(folder, args, hidden_dropout_prob=0.0)
-        for name in args.variants if args.compile_for else ():
+        estimates = {name: gpu_estimate(name, config, args.compile_for) for name in args.variants if on_gpu}
+        show_estimates(estimates, args.compile_for, args.batch)
+        for name in args.variants if args.compile_for and not on_gpu else ():
             c = compiled_counts(name, config, args.compile_for)
             said = f"did not compile: {c.error}" if c.error else (
                 f"{c.flops / 1e12:.3f} TFLOP, {c.bytes_accessed / 1e9:.2f} GB accessed (the compiler's count), "

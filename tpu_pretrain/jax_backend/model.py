@@ -41,6 +41,7 @@ from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from . import splash  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
+from .lean_layers import LayerNorm, exact_gelu  # noqa: E402
 from .lookups import OneHotEmbedding, one_hot_rows, token_embedding  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
@@ -75,9 +76,10 @@ keep_tensorflow_out()
 
 
 def activation(name: str):
-    """BERT's activation names: ``gelu`` is the exact (erf) GELU, as in Google's BERT and bert4keras."""
+    """BERT's activation names: ``gelu`` is the exact (erf) GELU (:func:`exact_gelu`), as in Google's BERT and
+    bert4keras."""
     if name == "gelu":
-        return lambda x: keras.activations.gelu(x, approximate=False)
+        return exact_gelu
     if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
         return lambda x: keras.activations.gelu(x, approximate=True)
     return keras.activations.get(name)
@@ -97,7 +99,7 @@ class _Factory:
                                   dtype=self.dtype)
 
     def norm(self, name: str):
-        return keras.layers.LayerNormalization(epsilon=1e-12, name=name, dtype=self.dtype)
+        return LayerNorm(epsilon=1e-12, name=name, dtype=self.dtype)
 
     def embedding(self, rows: int, width: int, name: str, one_hot: bool = False):
         kind = OneHotEmbedding if one_hot else token_embedding

@@ -40,6 +40,7 @@ from keras import ops  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
+from .lean_layers import LayerNorm  # noqa: E402
 from .model import (  # noqa: E402
     Bias,
     activation,
@@ -68,8 +69,7 @@ class _Make:
             stddev=std), name=name, dtype=self.dtype)
 
     def norm(self, name: str):
-        return keras.layers.LayerNormalization(epsilon=self.config.norm_eps, center=self.config.norm_bias,
-                                               name=name, dtype=self.dtype)
+        return LayerNorm(epsilon=self.config.norm_eps, center=self.config.norm_bias, name=name, dtype=self.dtype)
 
     def dropout(self, rate: float):
         return keras.layers.Dropout(rate, dtype=self.dtype)

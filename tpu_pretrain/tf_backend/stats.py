@@ -10,12 +10,11 @@ class TensorFlowOps:
     """:class:`..core.metrics.ArrayOps` in TensorFlow."""
 
     float32 = staticmethod(lambda x: tf.cast(x, tf.float32))
-    log_softmax = staticmethod(tf.nn.log_softmax)
     sum = staticmethod(tf.reduce_sum)
 
     @staticmethod
-    def pick(values, labels):
-        return tf.gather(values, tf.cast(labels, tf.int32), batch_dims=len(labels.shape))
+    def cross_entropy(logits, labels):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
 
     @staticmethod
     def argmax(logits):
