@@ -237,6 +237,10 @@ def main() -> None:
     on_gpu = args.compile_for in gpu_targets.TARGETS
     if on_gpu:
         gpu_targets.prepare(args.compile_for)
+        try:  # before anything is computed: the plugin is there, or the message says how to install it
+            gpu_targets.described(args.compile_for)
+        except RuntimeError as exc:
+            parser.exit(2, f"bench_step_variants.py: {exc}\n")
     unknown = sorted({c for name in args.variants for c in name.split("+")} - set(CHANGES))
     if unknown:
         parser.error(f"no such change: {', '.join(unknown)} (these are: {', '.join(CHANGES)})")

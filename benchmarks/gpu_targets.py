@@ -52,18 +52,24 @@ def prepare(target: str) -> None:
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_triton_gemm=false".strip()
 
 
-@contextlib.contextmanager
-def compiling_for(target: str):
-    """The package's :class:`Devices` for ``target`` (abstract: only compiled for), with JAX's default backend
-    reported as ``gpu`` meanwhile, so the model takes its GPU paths (cuDNN's attention, the float32 lookups)."""
+def described(target: str) -> list:
+    """The devices of one ``target`` card as JAX's CUDA plugin describes them (RuntimeError: no plugin here)."""
     import jax
     from jax.experimental import topologies
-
-    from tpu_pretrain.jax_backend.devices import Devices
 
     try:
         topology = topologies.get_topology_desc(platform="cuda", target_config=TARGETS[target], topology="1x1x1")
     except Exception as exc:  # no plugin: "topology not implemented for cuda"
         raise RuntimeError(NO_PLUGIN.format(error=str(exc).splitlines()[0], version=jax.__version__)) from None
+    return list(topology.devices)
+
+
+@contextlib.contextmanager
+def compiling_for(target: str):
+    """The package's :class:`Devices` for ``target`` (abstract: only compiled for), with JAX's default backend
+    reported as ``gpu`` meanwhile, so the model takes its GPU paths (cuDNN's attention, the float32 lookups)."""
+    from tpu_pretrain.jax_backend.devices import Devices
+
+    devices = described(target)
     with mock.patch("jax.default_backend", lambda: "gpu"):
-        yield Devices("gpu", list(topology.devices), "bfloat16", abstract=True)
+        yield Devices("gpu", devices, "bfloat16", abstract=True)

@@ -202,3 +202,20 @@ def test_hlo_roofline_costs_a_real_h100_steps_kernels_near_their_measured_time()
     assert sum(estimated.values()) == pytest.approx(sum(measured.values()), rel=0.15), (estimated, measured)
     for gelu_kernel in ("loop_convert_multiply_fusion_11", "input_add_reduce_fusion"):
         assert estimated[gelu_kernel] == pytest.approx(measured[gelu_kernel], rel=0.15)
+
+
+def test_gpu_targets_describe_a_card_or_say_how_to_get_the_plugin():
+    """``--compile_for h100`` needs JAX's CUDA plugin (not in the test environments): without it the devices are
+    refused with the command that installs it; with it, they are the card described (a developer's machine)."""
+    pytest.importorskip("jax")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_targets
+
+    try:
+        devices = gpu_targets.described("h100")
+    except RuntimeError as exc:
+        assert "jax-cuda13-plugin[with-cuda]==" in str(exc) and "--target .gpu-compile" in str(exc)
+    else:
+        assert [d.device_kind for d in devices] == ["NVIDIA H100 80GB HBM3"]
+    with pytest.raises(ValueError, match="h100, h200"):
+        gpu_targets.prepare("t4")
