@@ -163,7 +163,9 @@ def test_a_small_configuration_compiles_for_each_free_tpu_and_a_pod_slice_of_fou
     plan = json.loads(saved.read_text())
     asked = plan["asked"]
     assert plan["devices"] == devices and plan["hosts"] == hosts and plan["precision"] == "bfloat16"
-    assert asked["memory"]["state"] > 0 and asked["memory"]["temporaries"] > 0 and asked["capacity"] >= 16 << 30
+    assert asked["memory"]["state"] > 0 and asked["memory"]["program"] > 0 and asked["capacity"] >= 16 << 30
+    # not the temporaries: none at all in HBM where the compiler keeps this tiny step's on the chip (Colab's libtpu
+    # 0.0.23 for a v6e, since the loss, the GELU and LayerNorm keep less for their gradients; 12.2 MB before)
     # XLA's count of a step's FLOPs: the formula's matmuls plus what the formula leaves out (softmax, norms, the
     # optimizer), never less than the formula.
     assert asked["memory"]["output"] < 1 << 20  # the donated state is updated in place: only the statistics are new
