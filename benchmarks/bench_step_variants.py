@@ -1,4 +1,4 @@
-"""Variants of the JAX training step timed side by side in one process: changes tried before they enter the package.
+"""Variants of the JAX training step side by side in one process: changes to try, and changes made, undone.
 
 Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base keras_gelu remat ...]
            [--xla_flags FLAGS] [--compile_for v5e-1|cpu|h100] [--model_size L12-H768] [--batch 256] [--steps 40]
