@@ -17,9 +17,11 @@ An estimate for comparing variants of one step under one compiler, not a measure
 
 from __future__ import annotations
 
+import math
 import re
 from collections import ChainMap, defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from device_profile import part_of
 
@@ -83,16 +85,20 @@ class _Instruction:
         return found[1] if found else None
 
 
-def arrays(shape: str) -> list[tuple[str, list[int], int]]:
-    """``(dtype, dims, bytes)`` of every array in a shape (a tuple's elements in order)."""
-    out = []
-    for dtype, dims in ARRAY.findall(shape):
-        sizes = [int(d) for d in dims.split(",")] if dims else []
-        count = 1
-        for d in sizes:
-            count *= d
-        out.append((dtype, sizes, int(count * DTYPE_BYTES[dtype])))
-    return out
+class Array(NamedTuple):
+    dtype: str
+    dims: list[int]
+    elements: int
+
+    @property
+    def bytes(self) -> int:
+        return int(self.elements * DTYPE_BYTES[self.dtype])
+
+
+def arrays(shape: str) -> list[Array]:
+    """Every array in a shape (a tuple's elements in order)."""
+    found = [(dtype, [int(d) for d in dims.split(",")] if dims else []) for dtype, dims in ARRAY.findall(shape)]
+    return [Array(dtype, dims, math.prod(dims)) for dtype, dims in found]
 
 
 def _closing(text: str, start: int) -> int:
@@ -166,12 +172,12 @@ def _operand_bytes(named: dict, name: str, index: str) -> int:
     source = named.get(name)
     if source is None:
         return 0
-    sizes = [a[2] for a in arrays(source.shape)]
+    sizes = [a.bytes for a in arrays(source.shape)]
     return (sizes[int(index)] if int(index) < len(sizes) else 0) if index else sum(sizes)
 
 
 def _kernel(i: _Instruction, computations: dict, named: dict, launches: int) -> Kernel:
-    written = sum(a[2] for a in arrays(i.shape))
+    written = sum(a.bytes for a in arrays(i.shape))
     read_instead: dict[int, int] = {}  # operand number -> the bytes the kernel reads of it, where not all
     fused = i.called("calls") if i.op == "fusion" else None
     body = computations.get(fused, []) if fused else []
@@ -185,11 +191,11 @@ def _kernel(i: _Instruction, computations: dict, named: dict, launches: int) -> 
             if f.op == "parameter":
                 elements = _sliced_elements(f.name, users)
                 if elements is not None:
-                    read_instead[int(f.args)] = int(elements * DTYPE_BYTES[arrays(f.shape)[0][0]])
+                    read_instead[int(f.args)] = int(elements * DTYPE_BYTES[arrays(f.shape)[0].dtype])
         root = next((f for f in body if f.root), None)
         if root is not None and root.op == "dynamic-update-slice":  # in place: the update is what moves
             update = named.get(root.operands[1][0])
-            written = sum(a[2] for a in arrays(update.shape)) if update else written
+            written = sum(a.bytes for a in arrays(update.shape)) if update else written
             buffer = next((f for f in body if f.name == root.operands[0][0] and f.op == "parameter"), None)
             if buffer is not None:
                 read_instead[int(buffer.args)] = 0
@@ -209,7 +215,7 @@ def _sliced_elements(name: str, users: dict) -> int | None:
     total = 0
     for u in users[name]:
         if u.op in ("slice", "dynamic-slice") and u.operands[0][0] == name:
-            total += sum(a[2] / DTYPE_BYTES[a[0]] for a in arrays(u.shape))
+            total += sum(a.elements for a in arrays(u.shape))
         elif u.op in ("convert", "bitcast", "reshape") and (below := _sliced_elements(u.name, users)) is not None:
             total += below
         else:
@@ -221,16 +227,10 @@ def _dot_flops(i: _Instruction, named: dict) -> int:
     """2 x the output's elements x the contracted size, for a dot (in a GEMM fusion)."""
     if i.op != "dot" or i.operands[0][0] not in named:
         return 0
-    lhs = arrays(named[i.operands[0][0]].shape)[0][1]
+    lhs = arrays(named[i.operands[0][0]].shape)[0].dims
     contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", i.attrs)
-    k = 1
-    for d in contracting[1].split(",") if contracting and contracting[1] else ():
-        k *= lhs[int(d)]
-    dtype, dims, _ = arrays(i.shape)[0]
-    out = 1
-    for d in dims:
-        out *= d
-    return 2 * out * k
+    k = math.prod(lhs[int(d)] for d in (contracting[1].split(",") if contracting and contracting[1] else ()))
+    return 2 * arrays(i.shape)[0].elements * k
 
 
 def _custom_call_flops(i: _Instruction, target: str, named: dict) -> int:
@@ -238,12 +238,11 @@ def _custom_call_flops(i: _Instruction, target: str, named: dict) -> int:
     five (backward, the scores recomputed) ``[S, S]`` products per head."""
     if not i.operands or i.operands[0][0] not in named:
         return 0
-    first = arrays(named[i.operands[0][0]].shape)[0][1]
+    first = arrays(named[i.operands[0][0]].shape)[0].dims
     if "gemm" in target or "matmul" in target:
         contracting = re.search(r'"lhs_contracting_dimensions":\["?(\d+)', i.attrs)
         k = first[int(contracting[1])] if contracting else first[-1]
-        dtype, dims, size = arrays(i.shape)[0]
-        return 2 * k * int(size / DTYPE_BYTES[dtype])
+        return 2 * k * arrays(i.shape)[0].elements
     if "fmha" in target and len(first) == 4:
         batch, length, heads, size = first  # [B, S, H, D], the layout JAX gives cuDNN
         return (10 if "Backward" in target else 4) * batch * heads * length * length * size
