@@ -45,7 +45,7 @@ the same baseline, and only what a measurement kept moves into the package. ``--
 compiled for a TPU (or the CPU) as ``tpu-pretrain plan`` compiles it, with the compiler's FLOPs, bytes accessed and
 temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing); or for a GPU (``h100``, ``h200``) by JAX's CUDA
 plugin on this machine (:mod:`gpu_targets`), its time per step estimated from the GPU compiler's optimised HLO
-(:mod:`hlo_roofline`, calibrated on the H100's trace: 53.2 ms estimated against 53.1 measured) and set against
+(:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1 measured) and set against
 ``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the
 package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's
 44.1, and the one-pass LayerNorm 43.1 (1.115x in all). Against the step before them: ``tanh_gelu`` 48.1 (the same

@@ -11,7 +11,7 @@ memory-bound kernels and its FLOPs at its matmul rate, plus a launch.
 Calibrated on one H100 (2026-11-27, BERT-base, batch 256, jax 0.11.2): its optimised HLO read this way against its
 own trace, kernel by kernel (benchmarks/GPU_NOTES.md): the non-matmul kernels ran at a median 2.7 TB/s (80% of the
 card's 3.35; quartiles 2.3-3.0, LayerNorm gradients' Triton fusions at about half), the GEMMs at the 707 TFLOP/s
-the card measured for the model's shapes; the whole step was estimated at 53.2 ms against the trace's 53.1 ms.
+the card measured for the model's shapes; the whole step was estimated at 52.8 ms against the trace's 53.1 ms.
 An estimate for comparing variants of one step under one compiler, not a measurement.
 """
 
