@@ -161,19 +161,24 @@ def time_variant(name: str, config: Config, steps: int) -> dict:
         return time_training(config, steps)
 
 
+def trainer_for(config: Config, devices):
+    """The JAX trainer of ``config``'s run compiled for ``devices`` (the variant's patches in place meanwhile)."""
+    from tpu_pretrain.core.resolve import RunPlan
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    run_plan = RunPlan.from_settings(config)
+    return JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
+
+
 def gpu_estimate(name: str, config: Config, target: str) -> dict:
     """One step of ``name`` compiled for the GPU ``target`` on this machine (:mod:`gpu_targets`) and costed from the
     GPU compiler's optimised HLO by :mod:`hlo_roofline`: milliseconds per step estimated, kernels, bytes moved."""
-    import gpu_targets
     import hlo_roofline
 
-    from tpu_pretrain.core.resolve import RunPlan
     from tpu_pretrain.jax_backend.plan import lower_step
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     with variant(name), gpu_targets.compiling_for(target) as devices:
-        run_plan = RunPlan.from_settings(config)
-        trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
+        trainer = trainer_for(config, devices)
         t = trainer.config.train
         trainer.set_batch(t.train_batch_size, t.gradient_accumulation_steps)
         compiled = lower_step(trainer).compile()
@@ -187,14 +192,12 @@ def compiled_counts(name: str, config: Config, target: str):
     """One step of ``name`` compiled for ``target`` by ``tpu-pretrain plan``'s own compile (a TPU by name, with the
     TPU compiler and no TPU; or ``cpu``): its :class:`StepCompile`, with the compiler's FLOPs and bytes accessed (its
     cost model's count over the optimised HLO) and the temporaries."""
-    from tpu_pretrain.core.resolve import RunPlan
     from tpu_pretrain.jax_backend.plan import capacity_of, check_request, compile_step, devices_for
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     with variant(name):
-        run_plan, tpu = RunPlan.from_settings(config), check_request(target)
+        tpu = check_request(target)
         devices = devices_for(target, tpu)
-        trainer = JaxTrainer(run_plan.config, devices=devices, plan=run_plan)
+        trainer = trainer_for(config, devices)
         t = trainer.config.train
         compiled = compile_step(trainer, t.train_batch_size, t.gradient_accumulation_steps, capacity_of(devices, tpu))
         trainer.close()
