@@ -24,7 +24,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``autodiff_loss``: JAX's autodiff of ``log_softmax`` and ``take_along_axis`` for the package's cross-entropy
   (``step.cross_entropy``, whose gradient is ``softmax - one_hot`` in one pass): a scatter into a zeroed
   ``[predictions, vocabulary]`` tensor and several passes over the float32 logits.
-- ``keras_gelu+keras_layernorm+autodiff_loss``: the step before all three (commit 961c978's).
+- ``autodiff_qkv``: JAX's autodiff of the query, key and value projections for the package's
+  (``lean_layers.shared_input_projections``, whose backward adds each input gradient to the running total as
+  ``product + total``): of autodiff's order (``total + product``) the GPU compiler folds two of the three adds into
+  the GEMMs' accumulation and leaves one per block a kernel (estimated 43.1 -> 42.5 ms for the package's, below).
+- ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv``: the step before these four (commit 961c978's).
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128).
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
@@ -48,9 +52,9 @@ plugin on this machine (:mod:`gpu_targets`), its time per step estimated from th
 (:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1 measured) and set against
 ``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the
 package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's
-44.1, and the one-pass LayerNorm 43.1 (1.115x in all). Against the step before them: ``tanh_gelu`` 48.1 (the same
-bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost 14.9 ms in the backward),
-``xla_attention`` 65.9 (0.729x).
+44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5 (1.132x in all). Against the step
+before them: ``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost
+14.9 ms in the backward), ``xla_attention`` 65.9 (0.729x).
 ``--smoke``: L2-H128 on the CPU, three variants, their steps compiled for the CPU too.
 """
 
@@ -73,8 +77,9 @@ from support import parse_args  # noqa: E402
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
-CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "xla_attention", "remat", "tanh_gelu")
-BEFORE = "keras_gelu+keras_layernorm+autodiff_loss"  # the step as it was before these three entered the package
+CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "xla_attention", "remat",
+           "tanh_gelu")
+BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv"  # the step before these four entered the package
 VARIANTS = (*CHANGES, BEFORE)
 
 
@@ -100,6 +105,11 @@ def variant(name: str) -> contextlib.ExitStack:
             return -jnp.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
 
         patches.enter_context(mock.patch.object(step.JaxOps, "cross_entropy", staticmethod(autodiff)))
+    if "autodiff_qkv" in changes:
+        def projections(x, kernels, biases):
+            return (*(jnp.matmul(x, kernel) + bias for kernel, bias in zip(kernels, biases, strict=True)), x)
+
+        patches.enter_context(mock.patch.object(model, "shared_input_projections", projections))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "remat" in changes:

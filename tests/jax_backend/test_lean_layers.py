@@ -7,7 +7,12 @@ Measured on a CPU (JAX 0.10.2) over [-12, 12]: in float32 the values differ by a
 the ``erf`` form, PyTorch's and bert4keras's, loses digits to ``1 + erf`` near 0 and JAX's ``erfc`` form does not;
 no difference a training step can see) and the gradients by 2.4e-7; in bfloat16 the output is the float32 answer
 rounded once. LayerNorm, on rows of mean -3 to 3 and spread 0.1 to 10 (a mean up to 30 times the spread): outputs within
-1e-5 of Keras's (a few float32 steps of the roughest row), its gradients within 1e-5."""
+1e-5 of Keras's (a few float32 steps of the roughest row), its gradients within 1e-5. The shared-input projections
+(BERT's query, key and value) against autodiff of the same products: the same values, the same gradients (float32 to
+its rounding; bfloat16 to a step), and a backward pass that adds each input gradient to the running total as the GPU
+compiler folds into the GEMMs (``product + total``; autodiff writes ``total + product``, kept for other compilers)."""
+
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,7 +22,7 @@ pytest.importorskip("jax")  # in .venv-jax only (tests/jax_backend/conftest.py)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from tpu_pretrain.jax_backend.lean_layers import LayerNorm, exact_gelu  # noqa: E402
+from tpu_pretrain.jax_backend.lean_layers import LayerNorm, exact_gelu, shared_input_projections  # noqa: E402
 from tpu_pretrain.jax_backend.model import activation  # noqa: E402
 
 X = jnp.concatenate([jnp.linspace(-12.0, 12.0, 4001), jnp.array([0.0, -0.0, 1e-6, -1e-6, 30.0, -30.0])])
@@ -95,3 +100,61 @@ def test_layernorm_in_mixed_bfloat16_returns_the_compute_dtype_from_float32_arit
     np.testing.assert_allclose(got.astype(jnp.float32), want.astype(jnp.float32), atol=0.032, rtol=8e-3)
     other_axis = jax.random.normal(jax.random.PRNGKey(5), (4, 6, 8))  # not the last axis: Keras's own arithmetic
     np.testing.assert_array_equal(LayerNorm(axis=1)(other_axis), keras.layers.LayerNormalization(axis=1)(other_axis))
+
+
+def _projected(dtype):
+    keys = jax.random.split(jax.random.PRNGKey(7), 7)
+    x = jax.random.normal(keys[0], (2, 5, 16)).astype(dtype)
+    kernels = tuple(jax.random.normal(k, (16, 16)).astype(dtype) / 4 for k in keys[1:4])
+    biases = tuple(jax.random.normal(k, (16,)).astype(dtype) for k in keys[4:])
+    return x, kernels, biases
+
+
+def _autodiff_projections(x, kernels, biases):
+    return (*(jnp.matmul(x, k) + b for k, b in zip(kernels, biases, strict=True)), x)
+
+
+def _gradients(projections, x, kernels, biases):
+    """Gradients of a loss that reads every projection and ``x`` itself (the residual BERT adds it to)."""
+    def loss(x, kernels, biases):
+        *outs, same_x = projections(x, kernels, biases)
+        return sum(jnp.sum(o.astype(jnp.float32) ** 2 * jnp.cos(jnp.arange(o.shape[-1]) * (i + 1.0)))
+                   for i, o in enumerate((*outs, same_x)))
+
+    return jax.grad(loss, argnums=(0, 1, 2))(x, kernels, biases)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 0.05)])
+def test_shared_input_projections_are_autodiffs_products_and_gradients(dtype, tolerance):
+    x, kernels, biases = _projected(dtype)
+    got, want = shared_input_projections(x, kernels, biases), _autodiff_projections(x, kernels, biases)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        np.testing.assert_array_equal(g, w)  # the same forward products
+    got_grads, want_grads = (_gradients(f, x, kernels, biases)
+                             for f in (shared_input_projections, _autodiff_projections))
+    for g, w in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
+        assert g.dtype == w.dtype == dtype
+        np.testing.assert_allclose(g.astype(jnp.float32), w.astype(jnp.float32), rtol=tolerance,
+                                   atol=tolerance * float(jnp.max(jnp.abs(w.astype(jnp.float32)))))
+
+
+def _products_added_second(projections) -> int:
+    """In the gradient's jaxpr, the adds whose second operand (only) is an input gradient of the projections (a product
+    of an output gradient with a kernel, the shape of ``x``): ``total + product``, of which the GPU compiler's GEMM
+    rewriter (jax 0.10.2) folds one fewer into cuBLAS's accumulation than of ``product + total``."""
+    x, kernels, biases = _projected(jnp.float32)
+    kernels = tuple(k[:, :8] for k in kernels)  # outputs narrower than x: the input gradients are told by shape
+    biases = tuple(b[:8] for b in biases)
+    jaxpr = jax.make_jaxpr(lambda *a: _gradients(projections, *a))(x, kernels, biases).jaxpr
+    products = {str(e.outvars[0]) for e in jaxpr.eqns
+                if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == x.shape}
+    return sum(1 for e in jaxpr.eqns if e.primitive.name in ("add", "add_any")
+               and str(e.invars[1]) in products and str(e.invars[0]) not in products)
+
+
+def test_shared_input_projections_accumulate_each_input_gradient_onto_the_last():
+    assert _products_added_second(_autodiff_projections) == 3  # autodiff's order: one add left a kernel on a GPU
+    with mock.patch("jax.default_backend", lambda: "gpu"):  # traced for a GPU: the order its compiler folds
+        assert _products_added_second(shared_input_projections) == 0
+    assert _products_added_second(shared_input_projections) == 3  # elsewhere autodiff's (the TPU compiler's choice)

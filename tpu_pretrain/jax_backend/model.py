@@ -41,7 +41,7 @@ from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from . import splash  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, exact_gelu  # noqa: E402
+from .lean_layers import LayerNorm, exact_gelu, shared_input_projections  # noqa: E402
 from .lookups import OneHotEmbedding, one_hot_rows, token_embedding  # noqa: E402
 
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
@@ -228,6 +228,11 @@ class TransformerBlock(keras.layers.Layer):
         self.hidden_dropout = make.dropout(config.hidden_dropout_prob)
         self.ffn_dropout = make.dropout(config.hidden_dropout_prob)
 
+    def build(self, input_shape):
+        """The query, key and value projections' weights (read in :meth:`context`, not called as layers)."""
+        for layer in (self.query, self.key, self.value):
+            layer.build(input_shape)
+
     def _heads(self, x):
         """``[batch, length, hidden]`` -> ``[batch, length, heads, head_size]`` (a reshape, no transpose)."""
         batch, length, width = x.shape
@@ -238,17 +243,21 @@ class TransformerBlock(keras.layers.Layer):
         return self.attention == "explicit" or bool(training and self.attention_dropout.rate > 0)
 
     def context(self, x, attend, documents=None, training=False, mesh=None):
-        """The attention context ``[batch, length, hidden]`` before the output projection."""
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        """``(the attention context [batch, length, hidden] before the output projection, x)``: ``x`` as returned by
+        :func:`~.lean_layers.shared_input_projections`, for the residual (its gradient then joins the projections')."""
+        projections = (self.query, self.key, self.value)
+        q, k, v, x = shared_input_projections(x, tuple(ops.cast(p.kernel, x.dtype) for p in projections),
+                                              tuple(ops.cast(p.bias, x.dtype) for p in projections))
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if self.explicit(training):
             say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
             context = explicit_attention(q, k, v, attention_mask(attend, documents), self.attention_dropout, training)
         else:
             context = masked_attention(q, k, v, attend, documents, None, self.attention, mesh)
-        return ops.reshape(context, x.shape)
+        return ops.reshape(context, x.shape), x
 
     def call(self, x, attend, documents=None, training=False, mesh=None):
-        context = self.context(x, attend, documents, training, mesh)
+        context, x = self.context(x, attend, documents, training, mesh)
         x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training))
         ffn = self.output_dense(self.intermediate(x))
         return self.output_norm(x + self.ffn_dropout(ffn, training=training))
