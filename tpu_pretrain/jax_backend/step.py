@@ -170,8 +170,19 @@ def learning_rate(s: OptimizerSettings, step):
     return schedules.learning_rate(s.schedule, jnp.asarray(step, jnp.float32), jnp.where, jnp.clip)
 
 
+# Gradients smaller than this (biases, LayerNorm scales: 127 of BERT-base's 202) are summed as one vector.
+SMALL_GRADIENT = 65536
+
+
 def global_norm(grads) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
+    """The gradients' global L2 norm in float32. The small ones are joined into one vector first: one reduction
+    kernel on a GPU instead of one each (BERT-base compiled for an H100: 127 kernels fewer, -0.26 ms estimated), their
+    bytes negligible; a large one is summed where it is, as joining it would copy it."""
+    small = [g.astype(jnp.float32).ravel() for g in grads if g.size < SMALL_GRADIENT]
+    squares = [jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads if g.size >= SMALL_GRADIENT]
+    if small:
+        squares.append(jnp.sum(jnp.square(jnp.concatenate(small))))
+    return jnp.sqrt(sum(squares))
 
 
 def clip_by_global_norm(grads, clip_norm: float):

@@ -1,0 +1,62 @@
+"""The training step's hand-written arithmetic (:mod:`tpu_pretrain.jax_backend.step`) against the plain form it
+replaces: the cross-entropy with its one-pass gradient against autodiff of ``log_softmax``, and the global norm that
+joins the small gradients into one vector against the norm of each. The backends' parity tests check the whole
+step against TensorFlow's; these check the pieces alone, on values a step would not meet (labels at both ends of the
+vocabulary, rows of very different scale, gradients on both sides of the size where the norm joins them)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")  # in .venv-jax only (tests/jax_backend/conftest.py)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tpu_pretrain.jax_backend import step  # noqa: E402
+
+
+def _autodiff_cross_entropy(logits, labels):
+    log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
+
+
+def _logits(dtype):
+    scale = jnp.geomspace(0.01, 30.0, 6)[:, None, None]  # from nearly uniform to nearly one-hot rows
+    logits = scale * jax.random.normal(jax.random.PRNGKey(0), (6, 4, 97))
+    labels = jnp.array([0, 96, 5, 50]) * jnp.ones((6, 1), jnp.int32)
+    return logits.astype(dtype), labels
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-6), (jnp.bfloat16, 8e-3)])
+def test_cross_entropy_values_and_gradients_are_autodiffs(dtype, tolerance):
+    logits, labels = _logits(dtype)
+    got = jax.jit(step.cross_entropy)(logits, labels)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, _autodiff_cross_entropy(logits, labels), rtol=1e-6, atol=1e-5)
+    weights = jnp.linspace(0.5, 2.0, labels.size).reshape(labels.shape)  # a gradient that differs per row
+
+    def grad(f):
+        return jax.jit(jax.grad(lambda x: jnp.sum(f(x, labels) * weights)))(logits)
+
+    got_grad, want_grad = grad(step.cross_entropy), grad(_autodiff_cross_entropy)
+    assert got_grad.dtype == dtype
+    np.testing.assert_allclose(got_grad.astype(jnp.float32), want_grad.astype(jnp.float32), rtol=1e-5, atol=tolerance)
+    # each row's gradient sums to zero (softmax - one_hot) and is negative at the label only
+    np.testing.assert_allclose(jnp.sum(got_grad.astype(jnp.float32), axis=-1), 0.0, atol=tolerance * 10)
+    np.testing.assert_array_equal(got_grad < 0, jnp.arange(logits.shape[-1]) == labels[..., None])
+
+
+def test_global_norm_joins_small_gradients_and_equals_the_norm_of_all():
+    keys = jax.random.split(jax.random.PRNGKey(1), 6)
+    sizes = [(3,), (768,), (step.SMALL_GRADIENT - 1,), (step.SMALL_GRADIENT,), (300, 400), (2, 768)]
+    grads = [jax.random.normal(k, s) * (i + 1) for i, (k, s) in enumerate(zip(keys, sizes, strict=True))]
+    grads[1] = grads[1].astype(jnp.bfloat16)  # a gradient in the compute dtype: summed in float32 all the same
+    want = np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64))) for g in grads))
+    got = jax.jit(step.global_norm)(grads)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(step.global_norm(grads[3:5]), np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64)))
+                                                                         for g in grads[3:5])), rtol=1e-6)  # no small
+    clipped, norm = step.clip_by_global_norm(grads, 1.0)
+    np.testing.assert_allclose(step.global_norm(clipped), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(norm, want, rtol=1e-6)
