@@ -28,7 +28,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   (``lean_layers.shared_input_projections``, whose backward adds each input gradient to the running total as
   ``product + total``): of autodiff's order (``total + product``) the GPU compiler folds two of the three adds into
   the GEMMs' accumulation and leaves one per block a kernel (estimated 43.1 -> 42.5 ms for the package's, below).
-- ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv``: the step before these four (commit 961c978's).
+- ``norm_per_gradient``: the global norm (for clipping) summed gradient by gradient, where the package's
+  (``step.global_norm``) joins the small ones into one vector first: 127 reduction kernels more on a GPU.
+- ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient``: the step before these five (commit
+  961c978's).
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128).
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
@@ -52,7 +55,8 @@ plugin on this machine (:mod:`gpu_targets`), its time per step estimated from th
 (:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1 measured) and set against
 ``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the
 package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's
-44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5 (1.132x in all). Against the step
+44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5, and the joined norm 42.2 (1.140x in all).
+Against the step
 before them: ``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost
 14.9 ms in the backward), ``xla_attention`` 65.9 (0.729x).
 ``--smoke``: L2-H128 on the CPU, three variants, their steps compiled for the CPU too.
@@ -77,9 +81,10 @@ from support import parse_args  # noqa: E402
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
-CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "xla_attention", "remat",
-           "tanh_gelu")
-BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv"  # the step before these four entered the package
+CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient",
+           "xla_attention", "remat", "tanh_gelu")
+# the step before these five entered the package (961c978's)
+BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient"
 VARIANTS = (*CHANGES, BEFORE)
 
 
@@ -110,6 +115,9 @@ def variant(name: str) -> contextlib.ExitStack:
             return (*(jnp.matmul(x, kernel) + bias for kernel, bias in zip(kernels, biases, strict=True)), x)
 
         patches.enter_context(mock.patch.object(model, "shared_input_projections", projections))
+    if "norm_per_gradient" in changes:
+        patches.enter_context(mock.patch.object(step, "global_norm", lambda grads: jnp.sqrt(
+            sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "remat" in changes:
