@@ -11,6 +11,7 @@ import importlib.util
 import json
 import sys
 from dataclasses import replace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -118,6 +119,35 @@ def test_the_same_logits_as_transformers(text, variant):
     wide = build_modernbert(replace(config, local_attention=2 * T), T, P)
     assign_stored_weights(wide, state_dict(hf), "transformers' model")
     assert np.abs(jax_logits(wide, ids, positions) - expected).max() > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_gpus_column_blocks_give_the_same_logits_and_gradients(text, variant):
+    """On a GPU ``Wqkv`` is applied as three products of its column blocks (``modernbert.column_blocks``), elsewhere
+    as one product and its slices: traced both ways here (the backend reported as ``gpu``, float32 so no cuDNN), the
+    same logits as transformers' and the same gradients for every weight."""
+    _, ids, positions = text
+    config = config_for(text, variant)
+    hf = torch_model(config)
+    model = build_modernbert(config, T, P)
+    assign_stored_weights(model, state_dict(hf), "transformers' model")
+    weights = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+    scale = jnp.cos(jnp.arange(config.vocab_size, dtype=jnp.float32))
+
+    def loss(w):
+        logits = model.stateless_call(w, others, [ids, np.zeros_like(ids), positions], training=False)[0][0]
+        return jnp.sum(logits * scale), logits
+
+    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(weights)
+    with mock.patch("jax.default_backend", lambda: "gpu"):
+        (gpu_value, gpu_logits), gpu_grads = jax.value_and_grad(loss, has_aux=True)(weights)
+    assert np.abs(np.asarray(gpu_logits) - torch_logits(hf, ids, positions)).max() <= TOLERANCE
+    np.testing.assert_allclose(gpu_logits, logits, atol=1e-5)
+    np.testing.assert_allclose(gpu_value, value, rtol=1e-5)
+    for variable, g, want in zip(model.trainable_variables, gpu_grads, grads, strict=True):
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(want))),
+                                   err_msg=variable.path)
 
 
 def test_hf_names_are_transformers_state_dict_names(text):

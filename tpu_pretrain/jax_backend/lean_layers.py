@@ -81,8 +81,9 @@ class LayerNorm(keras.layers.LayerNormalization):
 
 @jax.custom_vjp
 def shared_input_projections(x, kernels, biases):
-    """``x @ kernel + bias`` for each pair, then ``x`` itself: one input projected several ways (BERT's query, key
-    and value), whose gradient adds each projection's input gradient to the running total as ``product + total``.
+    """``x @ kernel + bias`` for each pair (``biases`` None: no biases), then ``x`` itself: one input projected several
+    ways (the query, key and value), whose gradient adds each projection's input gradient to the running total as
+    ``product + total``.
 
     The input's gradient is four terms (three products ``grad @ kernel.T`` and what the other readers of ``x`` pass
     back through the returned ``x``). Autodiff adds them as ``total + product``; of that order the GPU compiler's
@@ -93,25 +94,28 @@ def shared_input_projections(x, kernels, biases):
     (``benchmarks/bench_step_variants.py --compile_for h100``). Callers use the returned ``x`` for its other uses,
     so that their gradient arrives here.
     """
+    biases = (None,) * len(kernels) if biases is None else biases
     return (*(_projection(x, k, b) for k, b in zip(kernels, biases, strict=True)), x)
 
 
 def _projection(x, kernel, bias):
-    return jnp.matmul(x, kernel) + bias
+    product = jnp.matmul(x, kernel)
+    return product if bias is None else product + bias
 
 
 def _shared_input_projections_forward(x, kernels, biases):
-    return shared_input_projections(x, kernels, biases), (x, kernels)
+    return shared_input_projections(x, kernels, biases), (x, kernels, biases)  # None stays None (no leaves)
 
 
 def _shared_input_projections_backward(residuals, cotangents):
-    x, kernels = residuals
+    x, kernels, biases = residuals
     *grads, total = cotangents
     features, leading = x.ndim - 1, tuple(range(x.ndim - 1))
     for grad, kernel in zip(reversed(grads), reversed(kernels), strict=True):
         total = _accumulated(jax.lax.dot_general(grad, kernel, (((features,), (1,)), ((), ()))), total)
     kernel_grads = tuple(jax.lax.dot_general(x, grad, ((leading, leading), ((), ()))) for grad in grads)
-    bias_grads = tuple(jnp.sum(grad, axis=leading, dtype=jnp.float32).astype(grad.dtype) for grad in grads)
+    bias_grads = None if biases is None else tuple(jnp.sum(grad, axis=leading, dtype=jnp.float32).astype(grad.dtype)
+                                                  for grad in grads)
     return total.astype(x.dtype), kernel_grads, bias_grads
 
 

@@ -40,7 +40,7 @@ from keras import ops  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm  # noqa: E402
+from .lean_layers import LayerNorm, shared_input_projections  # noqa: E402
 from .model import (  # noqa: E402
     Bias,
     activation,
@@ -114,6 +114,24 @@ def explicit_masked_attention(q, k, v, mask, dropout=None, training=False):
     return jnp.transpose(jnp.matmul(probs, v), (0, 2, 1, 3))
 
 
+def column_blocks(dense: keras.layers.Dense, x, parts: int) -> tuple:
+    """``dense(x)`` split into ``parts`` equal blocks of its last axis (``Wqkv``'s query, key and value), each the
+    product of ``x`` with that block of the kernel's columns.
+
+    The weight stays one (transformers' layout); what changes is the backward pass. One product of the whole, then
+    slices, made the forward copy the slices out for cuDNN's attention and the backward add the gradients it returns
+    in kernels of their own; here each part's input gradient accumulates onto the last in the GEMMs
+    (:func:`~.lean_layers.shared_input_projections`). ModernBERT-base at 1,024 compiled for an H100: 68.9 -> 67.6 ms
+    per step, estimated. (``Wi``'s input and gate gain nothing so: the GeGLU's backward writes their gradients
+    concatenated in the kernel that computes them.) A GPU's path only: the TPU compiler counts 6% more bytes per
+    step for it (v5e, libtpu 0.0.42.1, batch 8: 123.8 GB against 116.7 for the one product and its slices)."""
+    kernel, width = ops.cast(dense.kernel, x.dtype), dense.units // parts
+    kernels = tuple(kernel[:, i * width:(i + 1) * width] for i in range(parts))
+    biases = None if dense.bias is None else tuple(
+        ops.cast(dense.bias, x.dtype)[i * width:(i + 1) * width] for i in range(parts))
+    return shared_input_projections(x, kernels, biases)[:parts]
+
+
 class ModernBertLayer(keras.layers.Layer):
     """One pre-LN layer: ``x + Wo(attention(attn_norm(x)))``, then ``x + mlp(mlp_norm(x))``."""
 
@@ -134,11 +152,19 @@ class ModernBertLayer(keras.layers.Layer):
         self.attn_dropout = make.dropout(config.attention_dropout)
         self.mlp_dropout = make.dropout(config.mlp_dropout)
 
+    def build(self, input_shape):
+        """``Wqkv``'s weights (on a GPU read by :func:`column_blocks`, not called as a layer)."""
+        self.wqkv.build(input_shape)
+
     def context(self, x, attend, documents, rope, training=False, mesh=None):
         """The attention context ``[batch, length, hidden]`` before ``Wo``."""
         batch, length, width = x.shape
-        qkv = ops.reshape(self.wqkv(x), (batch, length, 3, self.heads, width // self.heads))
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        heads = (batch, length, self.heads, width // self.heads)
+        if jax.default_backend() == "gpu":
+            q, k, v = (ops.reshape(t, heads) for t in column_blocks(self.wqkv, x, 3))
+        else:
+            qkv = ops.reshape(self.wqkv(x), (batch, length, 3, *heads[2:]))
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0):
             say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
