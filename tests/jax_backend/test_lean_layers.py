@@ -111,6 +111,8 @@ def _projected(dtype):
 
 
 def _autodiff_projections(x, kernels, biases):
+    if biases is None:  # ModernBERT's Wqkv: no biases
+        return (*(jnp.matmul(x, k) for k in kernels), x)
     return (*(jnp.matmul(x, k) + b for k, b in zip(kernels, biases, strict=True)), x)
 
 
@@ -124,9 +126,11 @@ def _gradients(projections, x, kernels, biases):
     return jax.grad(loss, argnums=(0, 1, 2))(x, kernels, biases)
 
 
+@pytest.mark.parametrize("with_biases", [True, False])
 @pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 0.05)])
-def test_shared_input_projections_are_autodiffs_products_and_gradients(dtype, tolerance):
+def test_shared_input_projections_are_autodiffs_products_and_gradients(dtype, tolerance, with_biases):
     x, kernels, biases = _projected(dtype)
+    biases = biases if with_biases else None
     got, want = shared_input_projections(x, kernels, biases), _autodiff_projections(x, kernels, biases)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
