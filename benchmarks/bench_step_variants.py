@@ -32,6 +32,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   (``step.global_norm``) joins the small ones into one vector first: 127 reduction kernels more on a GPU.
 - ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient``: the step before these five (commit
   961c978's).
+- ``pallas_layernorm``: a candidate, not in the package: the norms by two Pallas (Triton) kernels of
+  :mod:`pallas_layernorm` on a GPU (a pass over the rows each way, the weights' gradients as partial sums), where the
+  H100 measured XLA's at 7.4 ms of a 53 ms step. Estimated 42.2 -> 40.6 ms (1.041x; the residual copies go too);
+  the Triton kernels' own speed is what a GPU has to say.
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128).
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
@@ -82,7 +86,7 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient",
-           "xla_attention", "remat", "tanh_gelu")
+           "xla_attention", "remat", "tanh_gelu", "pallas_layernorm")
 # the step before these five entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient"
 VARIANTS = (*CHANGES, BEFORE)
@@ -118,6 +122,9 @@ def variant(name: str) -> contextlib.ExitStack:
     if "norm_per_gradient" in changes:
         patches.enter_context(mock.patch.object(step, "global_norm", lambda grads: jnp.sqrt(
             sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))))
+    if "pallas_layernorm" in changes:
+        norm = pallas_norm_call(lean_layers.LayerNorm.call)
+        patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", norm))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "remat" in changes:
@@ -127,6 +134,22 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(model, "activation",
                                                 lambda act: exact("gelu_new" if act == "gelu" else act)))
     return patches
+
+
+def pallas_norm_call(call):
+    """``LayerNorm.call`` by :mod:`pallas_layernorm`'s two Triton kernels where it applies (a GPU, the last axis, with
+    a scale; no offset: zeros), else ``call`` (``pallas_layernorm``)."""
+    import jax
+    import jax.numpy as jnp
+    import pallas_layernorm
+
+    def norm(self, inputs):
+        if jax.default_backend() != "gpu" or self.gamma is None or self.axis not in (-1, [-1], inputs.ndim - 1):
+            return call(self, inputs)
+        beta = self.beta.value if self.beta is not None else jnp.zeros_like(self.gamma.value)
+        return pallas_layernorm.layer_norm(inputs.astype(self.compute_dtype), self.gamma.value, beta, self.epsilon)
+
+    return norm
 
 
 def remat_call(call):
