@@ -60,9 +60,8 @@ plugin on this machine (:mod:`gpu_targets`), its time per step estimated from th
 ``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the
 package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's
 44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5, and the joined norm 42.2 (1.140x in all).
-Against the step
-before them: ``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost
-14.9 ms in the backward), ``xla_attention`` 65.9 (0.729x).
+Against the step before them: ``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed
+LayerNorms and GELU cost 14.9 ms in the backward), ``xla_attention`` 65.9 (0.729x).
 ``--smoke``: L2-H128 on the CPU, three variants, their steps compiled for the CPU too.
 """
 
