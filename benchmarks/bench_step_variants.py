@@ -263,6 +263,17 @@ def show_estimates(estimates: dict, target: str, batch: int) -> None:
             print(f"{name:28} {base['ms'] / e['ms']:.3f}x base estimated on {target}; ms moved: {moved}")
 
 
+def attempted(name: str, what: str, run, *args):
+    """``run(*args)``, or None with the error said: a variant that fails (a kernel this JAX lowers otherwise) costs a
+    device session its own figures only, not the others'."""
+    try:
+        return run(*args)
+    except Exception as exc:  # any failure of one variant: the others still run
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"{name:28} {what} failed: {type(exc).__name__}: {first}", flush=True)
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
@@ -292,22 +303,29 @@ def main() -> None:
         print(f"XLA_FLAGS={os.environ['XLA_FLAGS']}")
     flops = training_flops_per_sequence(bert_config_for_size(args.model_size, args.vocab), args.seq, args.pred)
     for name in args.variants:
-        print(f"{name:28} one block keeps {kept_for_backward(name, args.model_size, args.vocab, args.seq) / 1024:.1f} "
-              f"KiB per token for its backward ({args.model_size}, length {args.seq})", flush=True)
+        kept = attempted(name, "its block", kept_for_backward, name, args.model_size, args.vocab, args.seq)
+        if kept is not None:
+            print(f"{name:28} one block keeps {kept / 1024:.1f} KiB per token for its backward ({args.model_size}, "
+                  f"length {args.seq})", flush=True)
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         config = step_config(folder, args, hidden_dropout_prob=0.0)
-        estimates = {name: gpu_estimate(name, config, args.compile_for) for name in args.variants if on_gpu}
-        show_estimates(estimates, args.compile_for, args.batch)
+        estimates = {name: attempted(name, "its estimate", gpu_estimate, name, config, args.compile_for)
+                     for name in args.variants if on_gpu}
+        show_estimates({name: e for name, e in estimates.items() if e is not None}, args.compile_for, args.batch)
         for name in args.variants if args.compile_for and not on_gpu else ():
-            c = compiled_counts(name, config, args.compile_for)
+            c = attempted(name, "its compile", compiled_counts, name, config, args.compile_for)
+            if c is None:
+                continue
             said = f"did not compile: {c.error}" if c.error else (
                 f"{c.flops / 1e12:.3f} TFLOP, {c.bytes_accessed / 1e9:.2f} GB accessed (the compiler's count), "
                 f"temporaries {c.memory['temporaries'] / 2**30:.2f} GiB")
             print(f"{name:28} compiled for {args.compile_for}, one step: {said}", flush=True)
         for name in args.variants if args.steps else ():
-            results[name] = time_variant(name, config, args.steps)
-            r = results[name]
+            r = attempted(name, "its timing", time_variant, name, config, args.steps)
+            if r is None:
+                continue
+            results[name] = r
             print(f"{name:28} {r['rate']:10.1f} sequences/s ({r['rate'] * flops / 1e12:.2f} TFLOP/s); first call "
                   f"{r['first']:.1f} s; loss {r['loss']:.5f}", flush=True)
     base = results.get("base")
