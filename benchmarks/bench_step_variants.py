@@ -136,14 +136,14 @@ def variant(name: str) -> contextlib.ExitStack:
 
 
 def pallas_norm_call(call):
-    """``LayerNorm.call`` by :mod:`pallas_layernorm`'s two Triton kernels where it applies (a GPU, the last axis, with
-    a scale; no offset: zeros), else ``call`` (``pallas_layernorm``)."""
+    """``LayerNorm.call`` by :mod:`pallas_layernorm`'s two Triton kernels where it applies (a GPU, a norm the one-pass
+    form applies to, with a scale; no offset: zeros), else ``call`` (``pallas_layernorm``)."""
     import jax
     import jax.numpy as jnp
     import pallas_layernorm
 
     def norm(self, inputs):
-        if jax.default_backend() != "gpu" or self.gamma is None or self.axis not in (-1, [-1], inputs.ndim - 1):
+        if jax.default_backend() != "gpu" or self.gamma is None or not self.one_pass_applies(inputs):
             return call(self, inputs)
         beta = self.beta.value if self.beta is not None else jnp.zeros_like(self.gamma.value)
         return pallas_layernorm.layer_norm(inputs.astype(self.compute_dtype), self.gamma.value, beta, self.epsilon)

@@ -59,9 +59,13 @@ class LayerNorm(keras.layers.LayerNormalization):
     estimated). The variance is a difference of moments taken about the row's first value (not about 0), so a row
     whose mean dwarfs its spread loses no more digits than Keras's two passes do."""
 
-    def call(self, inputs):
+    def one_pass_applies(self, inputs) -> bool:
+        """Whether this norm is what the one-pass form computes: centred (not RMS), over the last axis alone."""
         axes = self.axis if isinstance(self.axis, list | tuple) else [self.axis]
-        if self.rms_scaling or [a % inputs.ndim for a in axes] != [inputs.ndim - 1]:
+        return not self.rms_scaling and [a % inputs.ndim for a in axes] == [inputs.ndim - 1]
+
+    def call(self, inputs):
+        if not self.one_pass_applies(inputs):
             return super().call(inputs)
         x = inputs.astype(jnp.float32)
         # a value of the row, near its mean: the difference of moments below then loses few digits; the result does
