@@ -32,39 +32,41 @@ def _block(width: int) -> int:
     return max(16, pl.next_power_of_2(width))
 
 
+def _place(program, n_rows: int, width: int, block: int):
+    """A program's rows and the block's columns, and which of them (and of the tile) hold data."""
+    rows, cols = program * ROWS + jnp.arange(ROWS), jnp.arange(block)
+    in_row, row_mask = cols < width, rows < n_rows
+    return rows, cols, in_row, row_mask, row_mask[:, None] & in_row[None, :]
+
+
 def _tile(ref, rows, cols, mask):
     return plgpu.load(ref.at[rows[:, None], cols[None, :]], mask=mask, other=0.0).astype(jnp.float32)
 
 
+def _weights(ref, cols, in_row):
+    return plgpu.load(ref.at[cols], mask=in_row, other=0.0).astype(jnp.float32)
+
+
 def _forward_kernel(x_ref, gamma_ref, beta_ref, y_ref, mean_ref, rstd_ref, *, eps, width, block):
-    rows = pl.program_id(0) * ROWS + jnp.arange(ROWS)
-    cols = jnp.arange(block)
-    in_row, mask = cols < width, (rows[:, None] < x_ref.shape[0]) & (cols[None, :] < width)
+    rows, cols, in_row, row_mask, mask = _place(pl.program_id(0), x_ref.shape[0], width, block)
     x = _tile(x_ref, rows, cols, mask)
     mean = jnp.sum(x, axis=1) / width
     centred = jnp.where(mask, x - mean[:, None], 0.0)
     rstd = jax.lax.rsqrt(jnp.sum(centred * centred, axis=1) / width + eps)
-    gamma = plgpu.load(gamma_ref.at[cols], mask=in_row, other=0.0).astype(jnp.float32)
-    beta = plgpu.load(beta_ref.at[cols], mask=in_row, other=0.0).astype(jnp.float32)
-    y = centred * rstd[:, None] * gamma[None, :] + beta[None, :]
+    y = centred * rstd[:, None] * _weights(gamma_ref, cols, in_row)[None, :] + _weights(beta_ref, cols, in_row)[None, :]
     plgpu.store(y_ref.at[rows[:, None], cols[None, :]], y.astype(y_ref.dtype), mask=mask)
-    row_mask = rows < x_ref.shape[0]
     plgpu.store(mean_ref.at[rows], mean, mask=row_mask)
     plgpu.store(rstd_ref.at[rows], rstd, mask=row_mask)
 
 
 def _backward_kernel(x_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dx_ref, dgamma_ref, dbeta_ref, *, width, block):
     program = pl.program_id(0)
-    rows = program * ROWS + jnp.arange(ROWS)
-    cols = jnp.arange(block)
-    in_row, row_mask = cols < width, rows < x_ref.shape[0]
-    mask = row_mask[:, None] & in_row[None, :]
+    rows, cols, in_row, row_mask, mask = _place(program, x_ref.shape[0], width, block)
     x, dy = _tile(x_ref, rows, cols, mask), _tile(dy_ref, rows, cols, mask)
     mean = plgpu.load(mean_ref.at[rows], mask=row_mask, other=0.0)
     rstd = plgpu.load(rstd_ref.at[rows], mask=row_mask, other=0.0)
-    gamma = plgpu.load(gamma_ref.at[cols], mask=in_row, other=0.0).astype(jnp.float32)
     normed = jnp.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-    scaled = dy * gamma[None, :]
+    scaled = dy * _weights(gamma_ref, cols, in_row)[None, :]
     along_normed = jnp.sum(scaled * normed, axis=1) / width
     mean_scaled = jnp.sum(scaled, axis=1) / width
     dx = (scaled - mean_scaled[:, None] - normed * along_normed[:, None]) * rstd[:, None]
