@@ -21,23 +21,34 @@ import os
 from unittest import mock
 
 # the published figures of each card, in XLA's text format for GpuTargetConfig (what the CUDA plugin reads off a
-# present card); compute capability 9.0, cuDNN 9, CUDA 13
-_HOPPER = """gpu_device_info {{
+# present card); cuDNN 9, CUDA 13
+_CARD = """gpu_device_info {{
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
-  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
-  memory_bandwidth: {bandwidth} l2_cache_size: 52428800 clock_rate_ghz: 1.98
-  device_memory_size: {memory} shared_memory_per_block_optin: 232448
-  cuda_compute_capability {{ major: 9 }} registers_per_core_limit: 65536 registers_per_block_limit: 65536
+  shared_memory_per_core: {shared_per_core} threads_per_core_limit: {threads_per_core} core_count: {cores}
+  fpus_per_core: {fpus} block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: {bandwidth} l2_cache_size: {l2} clock_rate_ghz: {clock}
+  device_memory_size: {memory} shared_memory_per_block_optin: {optin}
+  cuda_compute_capability {{ major: {major} minor: {minor} }} registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
 }}
 platform_name: "CUDA"
 dnn_version_info {{ major: 9 minor: 10 }}
 runtime_version {{ major: 13 minor: 0 }}
 device_description_str: "{name}"
 """
+_HOPPER = dict(major=9, minor=0, cores=132, fpus=128, shared_per_core=233472, optin=232448, threads_per_core=2048,
+               l2=52428800, clock=1.98)
 TARGETS = {
-    "h100": _HOPPER.format(name="NVIDIA H100 80GB HBM3", bandwidth=3352320000000, memory=84929347584),
-    "h200": _HOPPER.format(name="NVIDIA H200", bandwidth=4800000000000, memory=150754820096),
+    "h100": _CARD.format(name="NVIDIA H100 80GB HBM3", bandwidth=3352320000000, memory=84929347584, **_HOPPER),
+    "h200": _CARD.format(name="NVIDIA H200", bandwidth=4800000000000, memory=150754820096, **_HOPPER),
+    "a100": _CARD.format(name="NVIDIA A100-SXM4-40GB", major=8, minor=0, cores=108, fpus=64, shared_per_core=167936,
+                         optin=166912, threads_per_core=2048, l2=41943040, clock=1.41, bandwidth=1555000000000,
+                         memory=42298834944),
+    "l4": _CARD.format(name="NVIDIA L4", major=8, minor=9, cores=58, fpus=128, shared_per_core=102400, optin=101376,
+                       threads_per_core=1536, l2=50331648, clock=2.04, bandwidth=300000000000, memory=23580639232),
+    # Colab's and Kaggle's free GPU: no bfloat16, no cuDNN fused attention (compute capability 7.5)
+    "t4": _CARD.format(name="Tesla T4", major=7, minor=5, cores=40, fpus=64, shared_per_core=65536, optin=65536,
+                       threads_per_core=1024, l2=4194304, clock=1.59, bandwidth=320000000000, memory=15835660288),
 }
 NO_PLUGIN = ("JAX's CUDA plugin is needed to compile for a GPU without one: {error}. Install it beside this JAX, "
              "apart from the test environments: .venv/bin/uv pip install --python .venv-jax/bin/python --target "
@@ -71,5 +82,6 @@ def compiling_for(target: str):
     from tpu_pretrain.jax_backend.devices import Devices
 
     devices = described(target)
+    precision = "bfloat16" if float(devices[0].compute_capability) >= 8.0 else "float16"  # a T4: loss scaled
     with mock.patch("jax.default_backend", lambda: "gpu"):
-        yield Devices("gpu", devices, "bfloat16", abstract=True)
+        yield Devices("gpu", devices, precision, abstract=True)

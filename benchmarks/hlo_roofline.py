@@ -53,6 +53,12 @@ CARDS = {
     # published 4.8 / 3.35 TB/s: not measured
     "h200": Card("NVIDIA H200", 2.7e12 * 4.8 / 3.35, 695e12),
 }
+# not measured: the published bandwidth and dense 16-bit peak of each card at the fractions the H100 reached (80%
+# and 71.5%); for comparing the compiled steps of one card, and as an order of magnitude for it
+_REACHED_BANDWIDTH, _REACHED_MATMUL = 2.7 / 3.35, 707 / 989
+for _target, _name, _bandwidth, _matmul in (("a100", "NVIDIA A100-SXM4-40GB", 1555e9, 312e12),
+                                            ("l4", "NVIDIA L4", 300e9, 121e12), ("t4", "Tesla T4", 320e9, 65e12)):
+    CARDS[_target] = Card(_name, _bandwidth * _REACHED_BANDWIDTH, _matmul * _REACHED_MATMUL)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ of the float32 answer. The tolerances below allow about twice that.
 
 import importlib.util
 import sys
+import types
+import warnings
 
 import numpy as np
 import pytest
@@ -25,16 +27,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from tpu_pretrain.errors import UserInputError  # noqa: E402
-from tpu_pretrain.jax_backend.families import assign_stored_weights, stored_weights  # noqa: E402
-from tpu_pretrain.jax_backend.model import (  # noqa: E402
-    PretrainingBert,
-    TransformerBlock,
-    _Factory,
+from tpu_pretrain.jax_backend.attention import (  # noqa: E402
     attention_path,
-    build_model,
+    cudnn_applies,
     explicit_attention,
     fused_attention,
 )
+from tpu_pretrain.jax_backend.families import assign_stored_weights, stored_weights  # noqa: E402
+from tpu_pretrain.jax_backend.model import PretrainingBert, TransformerBlock, _Factory, build_model  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
 
 B, T, N, H = 4, 16, 4, 16
@@ -164,3 +164,30 @@ def test_auto_uses_xla_off_a_gpu_and_cudnn_asked_for_there_fails_loudly():
                                   np.asarray(fused_attention(q, k, v, attend(), "xla"), np.float32))
     with pytest.raises(Exception):  # noqa: B017  (cuDNN's own error: no cuDNN, or not a CUDA device)
         fused_attention(q, k, v, attend(), "cudnn")
+
+
+def described_gpu(capability: str, kind: str):
+    """A mesh of one GPU as the compiler is told of it (its platform, compute capability and name): a T4 or an A100
+    cannot be here, so the attention path is chosen for one while the arrays are computed on the CPU."""
+    device = types.SimpleNamespace(platform="gpu", compute_capability=capability, device_kind=kind)
+    return types.SimpleNamespace(devices=np.array([device]))
+
+
+def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only(monkeypatch):
+    """cuDNN's fused attention refuses 16-bit graphs below compute capability 8.0 when the step first runs (JAX does
+    not check): on the free T4 (7.5, float16) ``auto`` must compile XLA's attention and ``cudnn`` must say why not."""
+    t4, a100 = described_gpu("7.5", "Tesla T4"), described_gpu("8.0", "NVIDIA A100-SXM4-40GB")
+    assert not cudnn_applies(jnp.float16, H, t4) and cudnn_applies(jnp.float16, H, a100)
+    assert not cudnn_applies(jnp.float16, H)  # this process's own device: the CPU
+    q, k, v = qkv("bfloat16")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # compiled for a GPU, as on the card
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        on_t4 = fused_attention(q, k, v, attend(), "auto", mesh=t4)
+    assert not said  # cuDNN not tried at all
+    np.testing.assert_array_equal(np.asarray(on_t4, np.float32),
+                                  np.asarray(fused_attention(q, k, v, attend(), "xla"), np.float32))
+    with pytest.warns(UserWarning, match="cuDNN fused attention refused"):  # tried on an A100 (no cuDNN here)
+        fused_attention(q, k, v, attend(), "auto", mesh=a100)
+    with pytest.raises(UserInputError, match=r"compute capability 8.0 or newer.*Tesla T4 has 7.5"):
+        fused_attention(q, k, v, attend(), "cudnn", mesh=t4)

@@ -20,8 +20,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from tpu_pretrain.jax_backend import splash  # noqa: E402
+from tpu_pretrain.jax_backend.attention import masked_attention  # noqa: E402
 from tpu_pretrain.jax_backend.documents import document_ids  # noqa: E402
-from tpu_pretrain.jax_backend.model import masked_attention  # noqa: E402
 
 L, H, D, SEP = 128, 2, 32, 3
 # (forward, gradients): the tolerances splash.py's docstring states

@@ -15,6 +15,8 @@ checkpoints' folder format and their mirror are the core's (:mod:`..core`), shar
 - ``lean_layers``: the exact GELU, LayerNorm and the query/key/value projections in forms whose compiled step moves
   fewer bytes than Keras's.
 - ``documents``: documents in packed rows as model math: each token's document and its position within it.
+- ``attention``: which attention path a model takes (cuDNN on the GPUs that take it, XLA, splash, explicit), and
+  each path.
 - ``splash``: attention on a TPU by JAX's splash kernel (global, sliding window, documents as segment ids).
 - ``step``: the training step as pure functions: the MLM/NSP loss, accumulated gradients, clipping, AdamW and
   LAMB with BERT's schedule, float16's loss scale.

@@ -81,7 +81,7 @@ class Devices:
         (:meth:`..core.resolve.RunPlan.on_devices`)."""
         return FoundDevices(self.kind, self.num_replicas,
                             bfloat16_native=all(_supports_bfloat16(d) for d in self.devices),
-                            float16_capable=all(_compute_at_least(d, 7.0) for d in self.devices))
+                            float16_capable=all(compute_at_least(d, 7.0) for d in self.devices))
 
     def decided(self, decision: DeviceDecision) -> Devices:
         """These devices with the precision the run's plan decided."""
@@ -106,11 +106,12 @@ def fetch(tree):
 
 def _supports_bfloat16(device) -> bool:
     """TPUs and GPUs of compute capability 8.0+ (A100, L4, H100) compute bfloat16 natively; a T4 does not."""
-    return device.platform == "tpu" or _compute_at_least(device, 8.0)
+    return device.platform == "tpu" or compute_at_least(device, 8.0)
 
 
-def _compute_at_least(device, capability: float) -> bool:
-    """A GPU of compute capability ``capability`` or above (float16 tensor cores: 7.0, native bfloat16: 8.0)."""
+def compute_at_least(device, capability: float) -> bool:
+    """A GPU of compute capability ``capability`` or above (float16 tensor cores: 7.0, native bfloat16 and cuDNN's
+    fused attention: 8.0)."""
     try:
         return device.platform == "gpu" and float(getattr(device, "compute_capability", None)) >= capability
     except (TypeError, ValueError):

@@ -7,50 +7,28 @@ weights move between the backends by Google's checkpoint names (:func:`google_va
 matrix gets its own truncated-normal draw. keras-hub's BERT layers are not used: keras-hub requires
 ``tensorflow-text``, which brings TensorFlow back in.
 
-Attention goes through ``jax.nn.dot_product_attention`` (:data:`ATTENTION_PATHS`): cuDNN's fused kernel on a GPU in
-bfloat16 or float16, XLA's fused attention elsewhere (TPUs, CPUs, float32), the logits and softmax in float32 either
-way. That function has no dropout on the attention probabilities, so a training call with
-``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
-with no attention dropout (the modern recipe) training and inference both take the fused path. On a TPU (or
-compiled for one) ``auto`` takes JAX's splash attention kernel (:mod:`.splash`) at lengths that are multiples of 128.
-
 Documents: a model given ``document_separator`` (the [SEP] id; :func:`.input.document_separator`) keeps the
 documents of a packed row apart: a token attends only to its own document (the kernel's segment ids on the splash
 path, a block-diagonal boolean mask elsewhere) and its position restarts at 0 in each document, so each document
 gets the logits it gets alone. Without it (and with one document per row) the model is Google's BERT.
+Attention: :mod:`.attention`.
 """
 
 from __future__ import annotations
-
-import logging
-import math
-import warnings
 
 from . import select_keras_backend
 
 select_keras_backend()
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..environment import environment_override  # noqa: E402
-from ..errors import UserInputError  # noqa: E402
 from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
-from . import splash  # noqa: E402
+from .attention import attention_mask, attention_path, explicit_attention, masked_attention, say_path  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, exact_gelu, shared_input_projections  # noqa: E402
 from .lookups import OneHotEmbedding, one_hot_rows, token_embedding  # noqa: E402
-
-MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
-# How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
-# inputs, head size a multiple of 8), else XLA's; xla: jax.nn.dot_product_attention's XLA implementation; cudnn:
-# cuDNN's kernel or an error; explicit: matmul, softmax, dropout, matmul as Google's BERT writes it; splash: the TPU
-# kernel (Pallas's interpreter off a TPU: tests). auto takes splash where it applies (:func:`.splash.applies`).
-ATTENTION_PATHS = ("auto", "xla", "cudnn", "explicit", "splash")
-log = logging.getLogger(__name__)
 
 
 def keep_tensorflow_out() -> None:
@@ -109,109 +87,11 @@ class _Factory:
         return keras.layers.Dropout(rate, dtype=self.dtype)
 
 
-def attention_path(setting: str | None = None) -> str:
-    """The attention path asked for: ``setting``, else ``TPU_PRETRAIN_ATTENTION``, else ``auto``."""
-    path = (setting or environment_override("TPU_PRETRAIN_ATTENTION", "auto")).strip().lower()
-    if path not in ATTENTION_PATHS:
-        raise UserInputError(f"attention path {path!r} is not one of {', '.join(ATTENTION_PATHS)} "
-                             "(TPU_PRETRAIN_ATTENTION).")
-    return path
-
-
-def cudnn_applies(dtype, head_size: int) -> bool:
-    """Whether cuDNN's fused attention can take these inputs on this process's default JAX backend."""
-    return (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-            and head_size % 8 == 0 and head_size <= 128)
-
-
-_CUDNN_REFUSED: set[str] = set()
-_SAID: set[str] = set()
-
-
-def say_path(what: str) -> None:
-    """Log once per process which attention path a model's layers take (traced once per compile)."""
-    if what not in _SAID:
-        _SAID.add(what)
-        log.info("Attention: %s.", what)
-
-
-def attention_mask(attend, documents=None, window: int | None = None):
-    """``[batch, 1, queries or 1, keys]`` (bool): keys that are not padding, of the query's document (``documents``
-    from :func:`.documents.document_ids`, None: any) and at most ``window`` positions away (None: any)."""
-    mask = attend[:, None, None, :]
-    if documents is not None:
-        mask = mask & (documents[:, :, None] == documents[:, None, :])[:, None]
-    if window is not None:
-        positions = jnp.arange(attend.shape[1])
-        mask = mask & (jnp.abs(positions[:, None] - positions[None, :]) <= window)[None, None]
-    return mask
-
-
-def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None):
-    """Attention under padding, documents and a window: the splash kernel where ``path`` takes it (segment ids:
-    ``documents``, else padding against the rest), else :func:`fused_attention` under the same mask."""
-    if path == "splash" or (path == "auto" and splash.applies(q.shape[1], mesh)):
-        say_path(f"splash kernel ({'sliding window, ' if window else ''}"
-                 f"{'documents apart' if documents is not None else 'documents together'})")
-        segments = document_ids(None, attend, None) if documents is None else documents
-        return splash.attention(q, k, v, segments, window, mesh)
-    return fused_attention(q, k, v, attend, path, documents, window)
-
-
-def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=None):
-    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays under :func:`attention_mask`
-    (padding where ``attend`` is False, other ``documents``, beyond ``window``): ``jax.nn.dot_product_attention``.
-
-    cuDNN's kernel where it applies (a CUDA GPU, 16-bit inputs): padding alone as key lengths (the count of True in
-    ``attend``, at least 1: the same mask, since BERT's padding is trailing), documents or a window as the mask,
-    which the kernel adds as a bias without a ``[batch, heads, length, length]`` tensor in memory. Else XLA's
-    implementation with the boolean mask. Both compute the logits with float32 accumulation and the softmax in
-    float32, and return the inputs' dtype.
-    """
-    padding_only = documents is None and window is None
-    if path == "cudnn" or (path == "auto" and cudnn_applies(q.dtype, q.shape[-1])):
-        try:
-            if padding_only:
-                lengths = jnp.maximum(jnp.sum(attend, axis=1, dtype=jnp.int32), 1)
-                return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
-            say_path("cuDNN's fused kernel under the document/window mask")
-            return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(attend, documents, window),
-                                                implementation="cudnn")
-        except (NotImplementedError, ValueError, RuntimeError) as error:
-            if path == "cudnn":
-                raise
-            if str(error) not in _CUDNN_REFUSED:
-                _CUDNN_REFUSED.add(str(error))
-                warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using XLA's attention.",
-                              stacklevel=2)
-    mask = attend[:, None, None, :] if padding_only else attention_mask(attend, documents, window)
-    if q.dtype == jnp.float16 and jax.default_backend() != "gpu":
-        # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
-        # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32
-        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
-                                            implementation="xla").astype(q.dtype)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-
-
-def explicit_attention(q, k, v, mask, dropout=None, training=False):
-    """The same attention written out (Google BERT's order): scores in the inputs' dtype, softmax in float32 with
-    :data:`MASK_BIAS` added where ``mask`` (:func:`attention_mask`) is False, ``dropout`` (a Keras layer) on the
-    probabilities, then the weighted sum. A ``[batch, length]`` mask is padding alone."""
-    mask = mask[:, None, None, :] if mask.ndim == 2 else mask
-    q, k, v = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
-    scores = jnp.matmul(q, jnp.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
-    bias = jnp.where(mask, 0.0, MASK_BIAS).astype(jnp.float32)
-    probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1).astype(q.dtype)
-    if dropout is not None:
-        probs = dropout(probs, training=training)
-    return jnp.transpose(jnp.matmul(probs, v), (0, 2, 1, 3))
-
-
 class TransformerBlock(keras.layers.Layer):
     """Self-attention and feed-forward, each followed by dropout, the residual and LayerNorm (post-LN).
 
-    ``attention`` is one of :data:`ATTENTION_PATHS`; a training call with attention dropout takes the explicit path
-    whatever it says (the fused function has no dropout on the probabilities).
+    ``attention`` is one of :data:`.attention.ATTENTION_PATHS`; a training call with attention dropout takes the
+    explicit path whatever it says (the fused function has no dropout on the probabilities).
     """
 
     def __init__(self, config: BertConfig, make: _Factory, attention: str = "auto", **kwargs):
@@ -277,7 +157,7 @@ class PretrainingBert(keras.Model):
     """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits(, nsp_logits)]`` (logits, float32).
 
     Padding is read from ``input_ids == 0`` ([PAD] is id 0 in every BERT vocab), as in the TensorFlow model.
-    ``attention``: one of :data:`ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
+    ``attention``: one of :data:`.attention.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``).
     ``document_separator``: the [SEP] id when documents are kept apart (set by the trainer); ``data_mesh``: the
     devices the examples are split over (the splash kernel runs per chip).
     """

@@ -9,7 +9,7 @@ others attend to keys at most ``local_attention // 2`` positions away on either 
 <= local_attention // 2``) with base ``local_rope_theta``. Padding is read from ``input_ids == pad_token_id``, and,
 where [PAD] is not id 0 (a tokenizer.json's vocab), from the zero ids after a row's last other id, as the data pads.
 
-Attention goes through :func:`.model.masked_attention`: on a TPU the splash kernel (``LocalMask`` for the local
+Attention goes through :func:`.attention.masked_attention`: on a TPU the splash kernel (``LocalMask`` for the local
 layers), else ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers cuDNN's fused kernel
 where it applies, XLA's otherwise; local layers XLA's with a boolean mask of padding and window (cuDNN has no
 two-sided window); a training call with attention dropout, or the ``explicit`` path, writes it out. With
@@ -39,18 +39,10 @@ from keras import ops  # noqa: E402
 
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
+from .attention import attention_mask, attention_path, masked_attention, say_path  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, shared_input_projections  # noqa: E402
-from .model import (  # noqa: E402
-    Bias,
-    activation,
-    attention_mask,
-    attention_path,
-    masked_attention,
-    one_hot_rows,
-    say_path,
-    token_embedding,
-)
+from .model import Bias, activation, one_hot_rows, token_embedding  # noqa: E402
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"  # tied: the embeddings themselves, never a variable of its own
@@ -186,7 +178,7 @@ class PretrainingModernBert(keras.Model):
     """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits]`` (float32 ``[batch, predictions,
     vocab]``): :class:`.model.PretrainingBert`'s contract. ``segment_ids`` are accepted and ignored (ModernBERT
     has no token types); the head runs at the masked positions only. ``attention``: one of
-    :data:`.model.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``); ``document_separator``
+    :data:`.attention.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``); ``document_separator``
     and ``data_mesh`` as in :class:`.model.PretrainingBert`.
     """
 

@@ -6,7 +6,7 @@ One kernel per (length, heads, window, block sizes) is built, as the API wants, 
 same static mask for every head: ``FullMask`` for global attention, ``LocalMask`` with ``(window, window)`` for
 ModernBERT's sliding window (transformers' rule ``|q - k| <= local_attention // 2``). Documents and padding come in
 as the kernel's ``SegmentIds`` (a token attends only to tokens of its own segment; padding is a segment of its
-own), so the kernel computes what :func:`.model.fused_attention`'s XLA path computes with the same document mask at
+own), so the kernel computes what :func:`.attention.fused_attention`'s XLA path computes with the same document mask at
 every real token (padding's own outputs differ and are never read). The kernel has no scale: queries are scaled by
 ``1 / sqrt(head_size)`` first, in float32. It runs per example (``vmap``), and over a mesh of several chips inside
 ``shard_map`` (the examples split over the chips), so every chip runs the kernel on its own examples.

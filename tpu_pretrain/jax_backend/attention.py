@@ -1,0 +1,157 @@
+"""Attention for the JAX models: which path computes it, and each path.
+
+Attention goes through ``jax.nn.dot_product_attention`` (:data:`ATTENTION_PATHS`): cuDNN's fused kernel on a GPU of
+compute capability 8.0+ in bfloat16 or float16, XLA's fused attention elsewhere (TPUs, CPUs, float32, and the free
+T4, whose 16-bit fused attention cuDNN refuses only when the step first runs), the logits and softmax in float32
+either way. That function has no dropout on the attention probabilities, so a training call with
+``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
+with no attention dropout (the modern recipe) training and inference both take the fused path. On a TPU (or
+compiled for one) ``auto`` takes JAX's splash attention kernel (:mod:`.splash`) at lengths that are multiples of 128.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from ..environment import environment_override
+from ..errors import UserInputError
+from . import splash
+from .devices import compute_at_least
+from .documents import document_ids
+
+# cuDNN's fused attention in 16 bits needs an Ampere or newer GPU; JAX does not check, and on an older one (the free
+# T4: 7.5) cuDNN refuses the graph only when the compiled step first runs
+CUDNN_ATTENTION_CAPABILITY = 8.0
+MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
+# How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
+# inputs, head size a multiple of 8), else XLA's; xla: jax.nn.dot_product_attention's XLA implementation; cudnn:
+# cuDNN's kernel or an error; explicit: matmul, softmax, dropout, matmul as Google's BERT writes it; splash: the TPU
+# kernel (Pallas's interpreter off a TPU: tests). auto takes splash where it applies (:func:`.splash.applies`).
+ATTENTION_PATHS = ("auto", "xla", "cudnn", "explicit", "splash")
+log = logging.getLogger(__name__)
+
+
+def attention_path(setting: str | None = None) -> str:
+    """The attention path asked for: ``setting``, else ``TPU_PRETRAIN_ATTENTION``, else ``auto``."""
+    path = (setting or environment_override("TPU_PRETRAIN_ATTENTION", "auto")).strip().lower()
+    if path not in ATTENTION_PATHS:
+        raise UserInputError(f"attention path {path!r} is not one of {', '.join(ATTENTION_PATHS)} "
+                             "(TPU_PRETRAIN_ATTENTION).")
+    return path
+
+
+def target_device(mesh=None):
+    """The device the computation is compiled for: the mesh's first (a GPU or TPU described to the compiler, from a
+    machine without one), else this process's first."""
+    return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+
+
+def cudnn_applies(dtype, head_size: int, mesh=None) -> bool:
+    """Whether cuDNN's fused attention can take these inputs on the GPU compiled for (:func:`target_device`)."""
+    return (splash.target_platform(mesh) == "gpu" and compute_at_least(target_device(mesh), CUDNN_ATTENTION_CAPABILITY)
+            and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_size % 8 == 0 and head_size <= 128)
+
+
+def check_cudnn_capability(mesh=None) -> None:
+    """Refuse the ``cudnn`` path on a GPU older than cuDNN's fused attention takes, before compiling a step that
+    would fail when it first runs."""
+    device = target_device(mesh)
+    if device.platform == "gpu" and not compute_at_least(device, CUDNN_ATTENTION_CAPABILITY):
+        raise UserInputError(
+            f"TPU_PRETRAIN_ATTENTION=cudnn: cuDNN's fused attention needs a GPU of compute capability "
+            f"{CUDNN_ATTENTION_CAPABILITY} or newer (A100, L4, H100); this {device.device_kind} has "
+            f"{getattr(device, 'compute_capability', 'an unknown one')}. Use auto (XLA's attention here) or xla.")
+
+
+_CUDNN_REFUSED: set[str] = set()
+_SAID: set[str] = set()
+
+
+def say_path(what: str) -> None:
+    """Log once per process which attention path a model's layers take (traced once per compile)."""
+    if what not in _SAID:
+        _SAID.add(what)
+        log.info("Attention: %s.", what)
+
+
+def attention_mask(attend, documents=None, window: int | None = None):
+    """``[batch, 1, queries or 1, keys]`` (bool): keys that are not padding, of the query's document (``documents``
+    from :func:`.documents.document_ids`, None: any) and at most ``window`` positions away (None: any)."""
+    mask = attend[:, None, None, :]
+    if documents is not None:
+        mask = mask & (documents[:, :, None] == documents[:, None, :])[:, None]
+    if window is not None:
+        positions = jnp.arange(attend.shape[1])
+        mask = mask & (jnp.abs(positions[:, None] - positions[None, :]) <= window)[None, None]
+    return mask
+
+
+def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None):
+    """Attention under padding, documents and a window: the splash kernel where ``path`` takes it (segment ids:
+    ``documents``, else padding against the rest), else :func:`fused_attention` under the same mask."""
+    if path == "splash" or (path == "auto" and splash.applies(q.shape[1], mesh)):
+        say_path(f"splash kernel ({'sliding window, ' if window else ''}"
+                 f"{'documents apart' if documents is not None else 'documents together'})")
+        segments = document_ids(None, attend, None) if documents is None else documents
+        return splash.attention(q, k, v, segments, window, mesh)
+    return fused_attention(q, k, v, attend, path, documents, window, mesh)
+
+
+def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=None, mesh=None):
+    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays under :func:`attention_mask`
+    (padding where ``attend`` is False, other ``documents``, beyond ``window``): ``jax.nn.dot_product_attention``.
+
+    cuDNN's kernel where it applies (a CUDA GPU of compute capability 8.0+, 16-bit inputs): padding alone as key
+    lengths (the count of True in ``attend``, at least 1: the same mask, since BERT's padding is trailing),
+    documents or a window as the mask, which the kernel adds as a bias without a ``[batch, heads, length, length]``
+    tensor in memory. Else XLA's implementation with the boolean mask (a T4: float16, compute capability 7.5).
+    Both compute the logits with float32 accumulation and the softmax in float32, and return the inputs' dtype.
+    ``mesh``: the devices compiled for (None: this process's).
+    """
+    padding_only = documents is None and window is None
+    if path == "cudnn":
+        check_cudnn_capability(mesh)
+    if path == "cudnn" or (path == "auto" and cudnn_applies(q.dtype, q.shape[-1], mesh)):
+        try:
+            if padding_only:
+                lengths = jnp.maximum(jnp.sum(attend, axis=1, dtype=jnp.int32), 1)
+                return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
+            say_path("cuDNN's fused kernel under the document/window mask")
+            return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(attend, documents, window),
+                                                implementation="cudnn")
+        except (NotImplementedError, ValueError, RuntimeError) as error:
+            if path == "cudnn":
+                raise
+            if str(error) not in _CUDNN_REFUSED:
+                _CUDNN_REFUSED.add(str(error))
+                warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using XLA's attention.",
+                              stacklevel=2)
+    if path == "auto" and splash.target_platform(mesh) == "gpu":
+        say_path(f"XLA's (cuDNN's fused kernel does not take {q.dtype} inputs of head size {q.shape[-1]} on a "
+                 f"{target_device(mesh).device_kind})")
+    mask = attend[:, None, None, :] if padding_only else attention_mask(attend, documents, window)
+    if q.dtype == jnp.float16 and splash.target_platform(mesh) != "gpu":
+        # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
+        # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32
+        return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,
+                                            implementation="xla").astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+def explicit_attention(q, k, v, mask, dropout=None, training=False):
+    """The same attention written out (Google BERT's order): scores in the inputs' dtype, softmax in float32 with
+    :data:`MASK_BIAS` added where ``mask`` (:func:`attention_mask`) is False, ``dropout`` (a Keras layer) on the
+    probabilities, then the weighted sum. A ``[batch, length]`` mask is padding alone."""
+    mask = mask[:, None, None, :] if mask.ndim == 2 else mask
+    q, k, v = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+    scores = jnp.matmul(q, jnp.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
+    bias = jnp.where(mask, 0.0, MASK_BIAS).astype(jnp.float32)
+    probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1).astype(q.dtype)
+    if dropout is not None:
+        probs = dropout(probs, training=training)
+    return jnp.transpose(jnp.matmul(probs, v), (0, 2, 1, 3))
