@@ -38,6 +38,9 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   the Triton kernels' own speed is what a GPU has to say.
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128).
+- ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
+  and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
+  53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO): the GPU's.
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
   the LayerNorms and the GELU are recomputed inside the backward pass's fusions instead of their forward writing
   what the backward reads (:func:`kept_for_backward` on a CPU's attention path, BERT-base at 128, per token and
@@ -85,7 +88,7 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient",
-           "xla_attention", "remat", "tanh_gelu", "pallas_layernorm")
+           "xla_attention", "remat", "tanh_gelu", "pallas_layernorm", "pallas_attention")
 # the step before these five entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient"
 VARIANTS = (*CHANGES, BEFORE)
@@ -124,6 +127,8 @@ def variant(name: str) -> contextlib.ExitStack:
     if "pallas_layernorm" in changes:
         norm = pallas_norm_call(lean_layers.LayerNorm.call)
         patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", norm))
+    if "pallas_attention" in changes:
+        patches.enter_context(mock.patch.object(model, "masked_attention", pallas_attention(model.masked_attention)))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "remat" in changes:
@@ -133,6 +138,25 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(model, "activation",
                                                 lambda act: exact("gelu_new" if act == "gelu" else act)))
     return patches
+
+
+def pallas_attention(masked, interpret: bool = False):
+    """``masked_attention`` by JAX's Pallas (Triton) flash attention (``pallas.ops.gpu.attention.mha``; padding and
+    documents as its segment ids) on a GPU or with ``interpret``, else ``masked`` (``pallas_attention``)."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import attention as triton_attention
+
+    from tpu_pretrain.jax_backend import splash
+    from tpu_pretrain.jax_backend.documents import document_ids
+
+    def call(q, k, v, attend, documents=None, window=None, path="auto", mesh=None):
+        if window is not None or not (interpret or splash.target_platform(mesh) == "gpu"):
+            return masked(q, k, v, attend, documents, window, path, mesh)
+        segments = document_ids(None, attend, None) if documents is None else documents
+        return triton_attention.mha(q, k, v, segments.astype(jnp.int32), sm_scale=q.shape[-1] ** -0.5,
+                                    interpret=interpret)
+
+    return call
 
 
 def pallas_norm_call(call):
@@ -177,12 +201,12 @@ def kept_for_backward(name: str, model_size: str, vocab: int, seq: int) -> float
     import jax
     import jax.numpy as jnp
 
-    from tpu_pretrain.jax_backend import model
+    from tpu_pretrain.jax_backend import attention, model
 
     config = bert_config_for_size(model_size, vocab)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     with variant(name):
-        block = model.TransformerBlock(config, model._Factory(config, "mixed_bfloat16"), model.attention_path())
+        block = model.TransformerBlock(config, model._Factory(config, "mixed_bfloat16"), attention.attention_path())
         block(jnp.zeros((1, seq, config.hidden_size), jnp.bfloat16), jnp.ones((1, seq), bool))  # its weights
         weights = [v.value for v in block.trainable_variables]
 
@@ -281,8 +305,8 @@ def main() -> None:
     parser.add_argument("--xla_flags", default="", help="added to XLA_FLAGS for every variant of this process")
     parser.add_argument("--compile_for", default="", help="also compile each variant's step for this target and "
                         "print the compiler's counts: a TPU (v5e-1, v5e-8...; the TPU compiler, pip install "
-                        "'jax[tpu]', no TPU needed), cpu, or a GPU (h100, h200: JAX's CUDA plugin, no GPU needed; "
-                        "the step's time estimated from its optimised HLO); --steps 0 times nothing")
+                        "'jax[tpu]', no TPU needed), cpu, or a GPU (h100, h200, a100, l4, t4: JAX's CUDA plugin, no "
+                        "GPU needed; the step's time estimated from its optimised HLO); --steps 0 times nothing")
     add_step_arguments(parser, batch=256, steps=40, steps_per_execution=20)
     args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2, "compile_for": "cpu",
                                      "variants": ["keras_gelu", "remat", "tanh_gelu"]},

@@ -217,8 +217,8 @@ def test_gpu_targets_describe_a_card_or_say_how_to_get_the_plugin():
         assert "jax-cuda13-plugin[with-cuda]==" in str(exc) and "--target .gpu-compile" in str(exc)
     else:
         assert [d.device_kind for d in devices] == ["NVIDIA H100 80GB HBM3"]
-    with pytest.raises(ValueError, match="h100, h200"):
-        gpu_targets.prepare("t4")
+    with pytest.raises(ValueError, match="h100, h200, a100, l4, t4"):
+        gpu_targets.prepare("v100")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -258,3 +258,36 @@ def test_pallas_layernorm_kernels_are_a_layernorm_and_its_gradient(dtype):
         assert g.dtype == w.dtype
         scale = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
         assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))) <= step * scale
+
+
+def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_documents():
+    """``bench_step_variants``'s ``pallas_attention`` (JAX's Triton flash attention, padding and documents as segment
+    ids), run by Pallas's interpreter on the CPU: the package's XLA attention's outputs and gradients at every real
+    token, one row padded, documents packed two to a row."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_step_variants
+
+    from tpu_pretrain.jax_backend.attention import masked_attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 32, 2, 16)), jnp.float32) for _ in range(3))
+    real = np.arange(32)[None] < np.array([32, 20])[:, None]
+    attend = jnp.asarray(real)
+    documents = jnp.asarray(np.where(real, (np.arange(32)[None] >= np.array([10, 5])[:, None]) + 1, 0), jnp.int32)
+    pallas = bench_step_variants.pallas_attention(masked_attention, interpret=True)
+    for docs in (None, documents):
+        def loss(attention, q, k, v, docs=docs):
+            out = attention(q, k, v, attend, docs)
+            return jnp.sum(jnp.where(attend[..., None, None], out * jnp.cos(out), 0.0)), out
+
+        def run(attention):
+            return jax.value_and_grad(lambda *a: loss(attention, *a), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+        (_, got), got_grads = run(pallas)
+        (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
+        for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
+            np.testing.assert_allclose(np.asarray(g)[real], np.asarray(w)[real], atol=2e-5)
