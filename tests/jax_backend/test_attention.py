@@ -174,8 +174,9 @@ def described_gpu(capability: str, kind: str):
 
 
 def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only(monkeypatch):
-    """cuDNN's fused attention refuses 16-bit graphs below compute capability 8.0 when the step first runs (JAX does
-    not check): on the free T4 (7.5, float16) ``auto`` must compile XLA's attention and ``cudnn`` must say why not."""
+    """cuDNN's fused attention refuses 16-bit graphs below compute capability 8.0 only on the card, after tracing
+    (JAX does not check): on the free T4 (7.5, float16) ``auto`` must compile XLA's attention and ``cudnn`` must say
+    why not."""
     t4, a100 = described_gpu("7.5", "Tesla T4"), described_gpu("8.0", "NVIDIA A100-SXM4-40GB")
     assert not cudnn_applies(jnp.float16, H, t4) and cudnn_applies(jnp.float16, H, a100)
     assert not cudnn_applies(jnp.float16, H)  # this process's own device: the CPU

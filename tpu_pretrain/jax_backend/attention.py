@@ -2,7 +2,7 @@
 
 Attention goes through ``jax.nn.dot_product_attention`` (:data:`ATTENTION_PATHS`): cuDNN's fused kernel on a GPU of
 compute capability 8.0+ in bfloat16 or float16, XLA's fused attention elsewhere (TPUs, CPUs, float32, and the free
-T4, whose 16-bit fused attention cuDNN refuses only when the step first runs), the logits and softmax in float32
+T4, whose 16-bit fused attention cuDNN refuses only on the card, after tracing), the logits and softmax in float32
 either way. That function has no dropout on the attention probabilities, so a training call with
 ``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
 with no attention dropout (the modern recipe) training and inference both take the fused path. On a TPU (or
@@ -25,7 +25,7 @@ from .devices import compute_at_least
 from .documents import document_ids
 
 # cuDNN's fused attention in 16 bits needs an Ampere or newer GPU; JAX does not check, and on an older one (the free
-# T4: 7.5) cuDNN refuses the graph only when the compiled step first runs
+# T4: 7.5) cuDNN refuses the graph only when XLA builds it on the card, after tracing
 CUDNN_ATTENTION_CAPABILITY = 8.0
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
 # How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
@@ -59,7 +59,7 @@ def cudnn_applies(dtype, head_size: int, mesh=None) -> bool:
 
 def check_cudnn_capability(mesh=None) -> None:
     """Refuse the ``cudnn`` path on a GPU older than cuDNN's fused attention takes, before compiling a step that
-    would fail when it first runs."""
+    would fail on the card."""
     device = target_device(mesh)
     if device.platform == "gpu" and not compute_at_least(device, CUDNN_ATTENTION_CAPABILITY):
         raise UserInputError(
