@@ -28,6 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from tpu_pretrain.errors import UserInputError  # noqa: E402
 from tpu_pretrain.jax_backend.attention import (  # noqa: E402
+    attention_mask,
     attention_path,
     cudnn_applies,
     explicit_attention,
@@ -175,8 +176,8 @@ def described_gpu(capability: str, kind: str):
 
 def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only(monkeypatch):
     """cuDNN's fused attention refuses 16-bit graphs below compute capability 8.0 only on the card, after tracing
-    (JAX does not check): on the free T4 (7.5, float16) ``auto`` must compile XLA's attention and ``cudnn`` must say
-    why not."""
+    (JAX does not check): on the free T4 (7.5, float16) ``auto`` must compile the explicit path (scores in the
+    inputs' dtype: fewer bytes than XLA's function there) and ``cudnn`` must say why not."""
     t4, a100 = described_gpu("7.5", "Tesla T4"), described_gpu("8.0", "NVIDIA A100-SXM4-40GB")
     assert not cudnn_applies(jnp.float16, H, t4) and cudnn_applies(jnp.float16, H, a100)
     assert not cudnn_applies(jnp.float16, H)  # this process's own device: the CPU
@@ -186,8 +187,12 @@ def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only(monkeypatch):
         warnings.simplefilter("always")
         on_t4 = fused_attention(q, k, v, attend(), "auto", mesh=t4)
     assert not said  # cuDNN not tried at all
-    np.testing.assert_array_equal(np.asarray(on_t4, np.float32),
-                                  np.asarray(fused_attention(q, k, v, attend(), "xla"), np.float32))
+    np.testing.assert_array_equal(np.asarray(on_t4, np.float32), np.asarray(explicit_attention(q, k, v, attend()),
+                                                                            np.float32))
+    documents = jnp.asarray(np.where(np.asarray(attend()), 1 + (np.arange(T) >= 6), 0), jnp.int32)
+    np.testing.assert_array_equal(  # documents apart: the same block-diagonal mask the other paths take
+        np.asarray(fused_attention(q, k, v, attend(), "auto", documents, mesh=t4), np.float32),
+        np.asarray(explicit_attention(q, k, v, attention_mask(attend(), documents)), np.float32))
     with pytest.warns(UserWarning, match="cuDNN fused attention refused"):  # tried on an A100 (no cuDNN here)
         fused_attention(q, k, v, attend(), "auto", mesh=a100)
     with pytest.raises(UserInputError, match=r"compute capability 8.0 or newer.*Tesla T4 has 7.5"):

@@ -1,9 +1,9 @@
 """Attention for the JAX models: which path computes it, and each path.
 
-Attention goes through ``jax.nn.dot_product_attention`` (:data:`ATTENTION_PATHS`): cuDNN's fused kernel on a GPU of
-compute capability 8.0+ in bfloat16 or float16, XLA's fused attention elsewhere (TPUs, CPUs, float32, and the free
-T4, whose 16-bit fused attention cuDNN refuses only on the card, after tracing), the logits and softmax in float32
-either way. That function has no dropout on the attention probabilities, so a training call with
+The paths (:data:`ATTENTION_PATHS`): ``jax.nn.dot_product_attention`` with cuDNN's fused kernel on a GPU of compute
+capability 8.0+ in bfloat16 or float16, and with XLA's implementation on TPUs and CPUs; on another GPU (the free T4,
+whose 16-bit fused attention cuDNN refuses only on the card, after tracing) the explicit path; the softmax in
+float32 on every path. That function has no dropout on the attention probabilities, so a training call with
 ``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
 with no attention dropout (the modern recipe) training and inference both take the fused path. On a TPU (or
 compiled for one) ``auto`` takes JAX's splash attention kernel (:mod:`.splash`) at lengths that are multiples of 128.
@@ -109,8 +109,11 @@ def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=
     cuDNN's kernel where it applies (a CUDA GPU of compute capability 8.0+, 16-bit inputs): padding alone as key
     lengths (the count of True in ``attend``, at least 1: the same mask, since BERT's padding is trailing),
     documents or a window as the mask, which the kernel adds as a bias without a ``[batch, heads, length, length]``
-    tensor in memory. Else XLA's implementation with the boolean mask (a T4: float16, compute capability 7.5).
-    Both compute the logits with float32 accumulation and the softmax in float32, and return the inputs' dtype.
+    tensor in memory. On another GPU (a T4: float16, compute capability 7.5) ``auto`` takes
+    :func:`explicit_attention`: scores in the inputs' dtype, as the TensorFlow backend and NVIDIA's float16 BERT
+    compute them, where XLA's implementation writes them in float32 and transposes around its matrix products
+    (a T4's BERT-base step compiled both ways: 197.5 -> 181.0 ms estimated). Elsewhere XLA's implementation with the
+    boolean mask, logits accumulated and the softmax computed in float32. Each returns the inputs' dtype.
     ``mesh``: the devices compiled for (None: this process's).
     """
     padding_only = documents is None and window is None
@@ -129,12 +132,14 @@ def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=
                 raise
             if str(error) not in _CUDNN_REFUSED:
                 _CUDNN_REFUSED.add(str(error))
-                warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using XLA's attention.",
+                warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using the explicit path.",
                               stacklevel=2)
+    mask = attend if padding_only else attention_mask(attend, documents, window)
     if path == "auto" and splash.target_platform(mesh) == "gpu":
-        say_path(f"XLA's (cuDNN's fused kernel does not take {q.dtype} inputs of head size {q.shape[-1]} on a "
+        say_path(f"explicit (cuDNN's fused kernel does not take {q.dtype} inputs of head size {q.shape[-1]} on a "
                  f"{target_device(mesh).device_kind})")
-    mask = attend[:, None, None, :] if padding_only else attention_mask(attend, documents, window)
+        return explicit_attention(q, k, v, mask)
+    mask = mask[:, None, None, :] if padding_only else mask
     if q.dtype == jnp.float16 and splash.target_platform(mesh) != "gpu":
         # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
         # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32
