@@ -181,7 +181,7 @@ def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only(monkeypatch):
     t4, a100 = described_gpu("7.5", "Tesla T4"), described_gpu("8.0", "NVIDIA A100-SXM4-40GB")
     assert not cudnn_applies(jnp.float16, H, t4) and cudnn_applies(jnp.float16, H, a100)
     assert not cudnn_applies(jnp.float16, H)  # this process's own device: the CPU
-    q, k, v = qkv("bfloat16")
+    q, k, v = qkv("float16")  # what a T4 trains in
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # compiled for a GPU, as on the card
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")

@@ -28,10 +28,11 @@ from .documents import document_ids
 # T4: 7.5) cuDNN refuses the graph only when XLA builds it on the card, after tracing
 CUDNN_ATTENTION_CAPABILITY = 8.0
 MASK_BIAS = -1e9  # added to the attention scores of padding: exp() of it is exactly 0
-# How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU, bfloat16 or float16
-# inputs, head size a multiple of 8), else XLA's; xla: jax.nn.dot_product_attention's XLA implementation; cudnn:
-# cuDNN's kernel or an error; explicit: matmul, softmax, dropout, matmul as Google's BERT writes it; splash: the TPU
-# kernel (Pallas's interpreter off a TPU: tests). auto takes splash where it applies (:func:`.splash.applies`).
+# How the blocks compute attention. auto: cuDNN's fused kernel where it applies (a CUDA GPU of compute capability
+# 8.0+, bfloat16 or float16 inputs, head size a multiple of 8), on another GPU explicit, else XLA's; xla:
+# jax.nn.dot_product_attention's XLA implementation; cudnn: cuDNN's kernel or an error; explicit: matmul, softmax,
+# dropout, matmul as Google's BERT writes it; splash: the TPU kernel (Pallas's interpreter off a TPU: tests). auto
+# takes splash where it applies (:func:`.splash.applies`).
 ATTENTION_PATHS = ("auto", "xla", "cudnn", "explicit", "splash")
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def check_cudnn_capability(mesh=None) -> None:
         raise UserInputError(
             f"TPU_PRETRAIN_ATTENTION=cudnn: cuDNN's fused attention needs a GPU of compute capability "
             f"{CUDNN_ATTENTION_CAPABILITY} or newer (A100, L4, H100); this {device.device_kind} has "
-            f"{getattr(device, 'compute_capability', 'an unknown one')}. Use auto (XLA's attention here) or xla.")
+            f"{getattr(device, 'compute_capability', 'an unknown one')}. Use auto (the explicit path here) or xla.")
 
 
 _CUDNN_REFUSED: set[str] = set()
@@ -134,12 +135,11 @@ def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=
                 _CUDNN_REFUSED.add(str(error))
                 warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using the explicit path.",
                               stacklevel=2)
-    mask = attend if padding_only else attention_mask(attend, documents, window)
     if path == "auto" and splash.target_platform(mesh) == "gpu":
         say_path(f"explicit (cuDNN's fused kernel does not take {q.dtype} inputs of head size {q.shape[-1]} on a "
                  f"{target_device(mesh).device_kind})")
-        return explicit_attention(q, k, v, mask)
-    mask = mask[:, None, None, :] if padding_only else mask
+        return explicit_attention(q, k, v, attend if padding_only else attention_mask(attend, documents, window))
+    mask = attend[:, None, None, :] if padding_only else attention_mask(attend, documents, window)
     if q.dtype == jnp.float16 and splash.target_platform(mesh) != "gpu":
         # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
         # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32

@@ -10,9 +10,9 @@ others attend to keys at most ``local_attention // 2`` positions away on either 
 where [PAD] is not id 0 (a tokenizer.json's vocab), from the zero ids after a row's last other id, as the data pads.
 
 Attention goes through :func:`.attention.masked_attention`: on a TPU the splash kernel (``LocalMask`` for the local
-layers), else ``jax.nn.dot_product_attention`` (logits and softmax in float32): global layers cuDNN's fused kernel
-where it applies, XLA's otherwise; local layers XLA's with a boolean mask of padding and window (cuDNN has no
-two-sided window); a training call with attention dropout, or the ``explicit`` path, writes it out. With
+layers); on a GPU of compute capability 8.0+ cuDNN's fused kernel, the mask of padding, documents and window as its
+bias (global and local layers alike); on another GPU the explicit path; XLA's ``jax.nn.dot_product_attention``
+elsewhere; a training call with attention dropout, or the ``explicit`` path, writes it out. With
 ``document_separator`` set, documents are kept apart (:mod:`.model`) and each document's rotary positions start at 0,
 as in ModernBERT's own unpadded training. Weights move by transformers' state-dict names (:func:`hf_variables`).
 
