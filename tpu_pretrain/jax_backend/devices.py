@@ -20,6 +20,11 @@ from ..core.device_decision import DeviceDecision, FoundDevices
 from ..errors import UserInputError
 
 AXIS = "data"
+# XLA's dot merger joins GEMMs that share an operand into one: jax 0.11.2 (an H100's) joins each block's query and
+# key projections, whose biases then leave cuBLAS's epilogue for a kernel of their own, and concatenates their
+# gradients to feed the joined weight gradient: BERT-base's step compiled for an H100 is 44.0 ms estimated with it,
+# 42.2 without (the H100's trace measured the bias kernels at 1.5 ms of 53).
+GPU_COMPILER_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 0}
 
 
 @dataclass
@@ -70,6 +75,11 @@ class Devices:
     def split(self, axis: int = 0) -> NamedSharding:
         """Arrays split along ``axis`` (the examples) over the devices."""
         return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), AXIS))
+
+    def jit_options(self) -> dict:
+        """``jax.jit``'s keyword arguments for the steps compiled for these devices: XLA's options on a GPU, none
+        elsewhere."""
+        return {"compiler_options": dict(GPU_COMPILER_OPTIONS)} if self.kind == "gpu" else {}
 
     @property
     def dtype_policy(self) -> str:

@@ -180,7 +180,7 @@ def lower_step(trainer):
              for name, shape in trainer.chunk_shapes(1).items()}
     replicated = trainer.devices.replicated()
     step = jax.jit(functools.partial(train_step, trainer.spec), donate_argnums=(0,),
-                   out_shardings=(replicated, replicated))
+                   out_shardings=(replicated, replicated), **trainer.devices.jit_options())
     return step.lower(trainer.state, batch)
 
 

@@ -128,10 +128,10 @@ class JaxTrainer:
 
     def _compile(self) -> None:
         """The jitted steps; the spec (the optimizer's settings and schedule among them) is constant in them."""
-        replicated, spec = self.devices.replicated(), self.spec
+        replicated, spec, options = self.devices.replicated(), self.spec, self.devices.jit_options()
         self._train_chunk = jax.jit(functools.partial(train_chunk, spec), donate_argnums=(0,),
-                                    out_shardings=(replicated, replicated))
-        self._eval_step = jax.jit(functools.partial(eval_stats, spec), out_shardings=replicated)
+                                    out_shardings=(replicated, replicated), **options)
+        self._eval_step = jax.jit(functools.partial(eval_stats, spec), out_shardings=replicated, **options)
 
     def _place(self, tree):
         sharding = self.devices.replicated()
