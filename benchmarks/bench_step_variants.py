@@ -30,8 +30,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   the GEMMs' accumulation and leaves one per block a kernel (estimated 43.1 -> 42.5 ms for the package's, below).
 - ``norm_per_gradient``: the global norm (for clipping) summed gradient by gradient, where the package's
   (``step.global_norm``) joins the small ones into one vector first: 127 reduction kernels more on a GPU.
-- ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient``: the step before these five (commit
-  961c978's).
+- ``dot_merger``: XLA's dot merger left on, as it is by default; the package turns it off for a GPU's steps
+  (``Devices.jit_options``): jax 0.11.2 joined each block's query and key projections, taking their biases out of
+  cuBLAS's epilogue and concatenating their gradients (44.0 -> 42.2 ms estimated under 0.11.2).
+- ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger``: the step before these six
+  (commit 961c978's).
 - ``pallas_layernorm``: a candidate, not in the package: the norms by two Pallas (Triton) kernels of
   :mod:`pallas_layernorm` on a GPU (a pass over the rows each way, the weights' gradients as partial sums), where the
   H100 measured XLA's at 7.4 ms of a 53 ms step. Estimated 42.2 -> 40.6 ms (1.041x; the residual copies go too);
@@ -57,14 +60,16 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against
 the same baseline, and only what a measurement kept moves into the package. ``--compile_for``: each variant's step
 compiled for a TPU (or the CPU) as ``tpu-pretrain plan`` compiles it, with the compiler's FLOPs, bytes accessed and
-temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing); or for a GPU (``h100``, ``h200``) by JAX's CUDA
-plugin on this machine (:mod:`gpu_targets`), its time per step estimated from the GPU compiler's optimised HLO
-(:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1 measured) and set against
-``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the
-package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's
-44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5, and the joined norm 42.2 (1.140x in all).
-Against the step before them: ``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed
-LayerNorms and GELU cost 14.9 ms in the backward), ``xla_attention`` 65.9 (0.729x).
+temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing); or for a GPU (``h100``, ``h200``, ``a100``,
+``l4``, ``t4``) by JAX's CUDA plugin on this machine (:mod:`gpu_targets`), its time per step estimated from the GPU
+compiler's optimised HLO (:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1
+measured) and set against ``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each
+change entering the package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the
+cross-entropy's 44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5, and the joined norm 42.2
+(1.140x in all; the dot merger moves nothing there). Under jax 0.11.2, the H100's own compiler (a Python 3.12
+environment): 49.8 -> 44.0 for the first five, 42.2 with the dot merger off. Against the step before them (0.10.2):
+``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost 14.9 ms in the
+backward), ``xla_attention`` 65.9 (0.729x).
 ``--smoke``: L2-H128 on the CPU, three variants, their steps compiled for the CPU too.
 """
 
@@ -87,10 +92,10 @@ from support import parse_args  # noqa: E402
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
-CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient",
+CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "xla_attention", "remat", "tanh_gelu", "pallas_layernorm", "pallas_attention")
-# the step before these five entered the package (961c978's)
-BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient"
+# the step before these six entered the package (961c978's)
+BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
 
 
@@ -101,7 +106,7 @@ def variant(name: str) -> contextlib.ExitStack:
     import jax.numpy as jnp
     import keras
 
-    from tpu_pretrain.jax_backend import lean_layers, model, step
+    from tpu_pretrain.jax_backend import devices, lean_layers, model, step
 
     changes, patches = name.split("+"), contextlib.ExitStack()
     exact = model.activation
@@ -127,6 +132,8 @@ def variant(name: str) -> contextlib.ExitStack:
     if "pallas_layernorm" in changes:
         norm = pallas_norm_call(lean_layers.LayerNorm.call)
         patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", norm))
+    if "dot_merger" in changes:
+        patches.enter_context(mock.patch.object(devices.Devices, "jit_options", lambda self: {}))
     if "pallas_attention" in changes:
         patches.enter_context(mock.patch.object(model, "masked_attention", pallas_attention(model.masked_attention)))
     if "xla_attention" in changes:
