@@ -79,9 +79,10 @@ def described(target: str) -> list:
 def compiling_for(target: str):
     """The package's :class:`Devices` for ``target`` (abstract: only compiled for), with JAX's default backend
     reported as ``gpu`` meanwhile, so the model takes its GPU paths (cuDNN's attention, the float32 lookups)."""
-    from tpu_pretrain.jax_backend.devices import Devices
+    from tpu_pretrain.jax_backend.devices import Devices, compute_at_least
 
     devices = described(target)
-    precision = "bfloat16" if float(devices[0].compute_capability) >= 8.0 else "float16"  # a T4: loss scaled
+    # bfloat16 where native, else float16 as a T4's users ask for it (--mixed_precision float16: loss scaled)
+    precision = "bfloat16" if compute_at_least(devices[0], 8.0) else "float16"
     with mock.patch("jax.default_backend", lambda: "gpu"):
         yield Devices("gpu", devices, precision, abstract=True)
