@@ -2,7 +2,8 @@
 at length 1,024 against transformers', printed as one table and written as JSON.
 
 Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_gpu.py [--corpus ../shared/corpora/wikitext2_valid.txt]
-           [--json $OUT/bench_gpu.json] [--skip step command torch modernbert_hf modernbert_jax] [--budget_s 420]
+           [--json $OUT/bench_gpu.json] [--skip step command command_step torch modernbert_hf modernbert_jax]
+           [--budget_s 420]
            [--smoke]
 
 Made for an image with JAX on CUDA, PyTorch and transformers but no Keras: Keras and the few wheels it lacks come on
@@ -18,6 +19,9 @@ share of ``--budget_s`` (7 minutes; about 6.5 estimated for one H100, compiles i
    --log_every_steps 50`` as a user runs it: the summary's ``examples_per_second``, the steady rate between its
    progress lines (timed as they arrive, the first interval, compiles and all, left out), the rate its last line
    shows, its wall time, and "compiled in N s" where the log says so.
+   ``command_step``: ``bench_train_jax.py --data_dir`` on that data: the step alone on the command's workload (its
+   predictions per sequence, documents apart), whose rate over the command's is what the loop costs (the step on
+   random data has 20 predictions and no documents: another workload).
 3. ``torch``: ``bench_train_torch_peer.py`` (Hugging Face ``BertForPreTraining``, SDPA, bfloat16 autocast, fused
    AdamW) eager and under ``torch.compile``, dropout 0 as the step.
 4. ``modernbert_hf``, ``modernbert_jax``: ModernBERT-base at length 1,024, batch 32: transformers'
@@ -56,6 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_train_jax import flops_per_sequence  # noqa: E402
 from support import parse_args  # noqa: E402
 
 from tpu_pretrain.core.peaks import published_peak  # noqa: E402
@@ -64,8 +69,8 @@ from tpu_pretrain.models import bert_config, modernbert_config  # noqa: E402
 
 PY, BENCH = sys.executable, ROOT / "benchmarks"
 # name: (most seconds, least seconds worth starting it with), in the order they run
-PHASES = {"step": (120, 50), "command": (220, 100), "torch": (150, 70), "modernbert_hf": (80, 20),
-          "modernbert_jax": (160, 70)}
+PHASES = {"step": (120, 50), "command": (220, 100), "command_step": (100, 45), "torch": (150, 70),
+          "modernbert_hf": (80, 20), "modernbert_jax": (160, 70)}
 MASKED = 0.3  # the modern recipe's masking rate
 POSITIONS = 8192  # ModernBERT-base's max_position_embeddings (RoPE: no table, no compute)
 
@@ -198,9 +203,19 @@ def phase_command(args, run: Runner, until: float) -> dict:
         a, b = steps[1], steps[-1]
         out.update(steady_rate=(b - a) * args.batch / (shown[b][0] - shown[a][0]), steady_steps=[a, b])
     cfg = bert_config.bert_config_for_size(args.model_size, args.vocab)
-    flops = bert_config.training_flops_per_sequence(cfg, args.seq, predictions(data, args.seq))
-    out["gflop"] = (flops - 3 * (2 * cfg.hidden_size**2 + 4 * cfg.hidden_size)) / 1e9  # MLM only: no pooler, NSP
+    out["gflop"] = flops_per_sequence(cfg, args.seq, predictions(data, args.seq), mlm_only=True) / 1e9
     return out
+
+
+def phase_command_step(args, run: Runner, until: float) -> dict:
+    """The JAX step alone (``bench_train_jax.py --data_dir``) on the command's own data: its predictions per
+    sequence and documents apart, so that the command's rate over this one is what its loop costs."""
+    data = data_folder(args, run, until, "command_step", args.vocab, args.seq)
+    _, text, _ = run("command_step", [PY, BENCH / "bench_train_jax.py", "--model_size", args.model_size, "--batch",
+                                      args.batch, "--steps", args.step_steps, "--steps_per_execution",
+                                      args.steps_per_execution, "--data_dir", data, *smoke_flag(args)], until)
+    return {"rate": grab(r"training: ([\d.]+) sequences/s", text), "first_s": grab(r"first call ([\d.]+) s", text),
+            "gflop": grab(r"([\d.]+) GFLOP per training sequence", text)}
 
 
 def phase_torch(args, run: Runner, until: float) -> dict:
@@ -320,6 +335,8 @@ def rows(args, results: dict) -> list[dict]:
     steady = get("command", "steady_steps")
     out = [("step", f"JAX step alone (bench_train_jax), {bert}", "step", get("step", "rate"),
             get("step", "first_s")),
+           ("command_step", "JAX step alone on the command's data (its predictions, documents)", "command_step",
+            get("command_step", "rate"), get("command_step", "first_s")),
            ("command_summary", "tpu-pretrain train: its summary's examples_per_second", "command",
             get("command", "rate"), get("command", "compiled_s") or get("command", "seconds_to_first_step")),
            ("command_steady", "tpu-pretrain train: steady from its log" + (" (steps {}-{})".format(*steady)
@@ -347,6 +364,7 @@ def ratios(table: list[dict]) -> list[tuple[str, float | None, str]]:
 
     return [("command (steady, from its log) / step", over("command_steady", "step"), ">= 0.95"),
             ("command (summary) / step", over("command_summary", "step"), ">= 0.95"),
+            ("command (summary) / the step on its data", over("command_summary", "command_step"), ">= 0.95"),
             ("step / PyTorch torch.compile", over("step", "torch_compile"), ">= 1.5"),
             ("step / PyTorch eager", over("step", "torch_eager"), ""),
             ("ModernBERT: JAX trainer / transformers eager", over("modernbert_jax", "modernbert_hf"), ">= 1.5")]

@@ -33,6 +33,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``dot_merger``: XLA's dot merger left on, as it is by default; the package turns it off for a GPU's steps
   (``Devices.jit_options``): jax 0.11.2 joined each block's query and key projections, taking their biases out of
   cuBLAS's epilogue and concatenating their gradients (44.0 -> 42.2 ms estimated under 0.11.2).
+- ``triton_gemm``: XLA's Triton GEMMs left on, as they are by default; the package turns them off for a GPU's steps:
+  where the autotuner picked cuBLAS for a GEMM XLA had wrapped as a Triton fusion, the GEMM came back without the bias
+  cuBLAS's epilogue adds (the H100's step of 2026-11-27 added the query, key and value biases in 36 kernels, 1.3 ms).
+  A compile without the GPU does not autotune and keeps the epilogue either way: only the card can measure it.
 - ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger``: the step before these six
   (commit 961c978's).
 - ``pallas_layernorm``: a candidate, not in the package: the norms by two Pallas (Triton) kernels of
@@ -93,7 +97,7 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
-           "xla_attention", "remat", "tanh_gelu", "pallas_layernorm", "pallas_attention")
+           "triton_gemm", "xla_attention", "remat", "tanh_gelu", "pallas_layernorm", "pallas_attention")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -132,8 +136,11 @@ def variant(name: str) -> contextlib.ExitStack:
     if "pallas_layernorm" in changes:
         norm = pallas_norm_call(lean_layers.LayerNorm.call)
         patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", norm))
-    if "dot_merger" in changes:
-        patches.enter_context(mock.patch.object(devices.Devices, "jit_options", lambda self: {}))
+    for change, option in (("dot_merger", "xla_gpu_dot_merger_threshold_mb"),
+                           ("triton_gemm", "xla_gpu_enable_triton_gemm")):
+        if change in changes:  # XLA's default again: the package's option left out
+            patches.enter_context(mock.patch.object(devices, "GPU_COMPILER_OPTIONS", {
+                key: value for key, value in devices.GPU_COMPILER_OPTIONS.items() if key != option}))
     if "pallas_attention" in changes:
         patches.enter_context(mock.patch.object(model, "masked_attention", pallas_attention(model.masked_attention)))
     if "xla_attention" in changes:

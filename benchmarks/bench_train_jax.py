@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_train_jax.py [--model_size L12-H768] [--batch 256] [--steps 20]
            [--steps_per_execution 10] [--precision auto|bfloat16|float32] [--dropout 0] [--peak_tflops 989]
-           [--profile DIR] [--smoke]
+           [--profile DIR] [--data_dir CREATE_DATA_FOLDER] [--smoke]
 
 Runs without TensorFlow (JAX and Keras 3 only). The whole training step of BERT (masked-position MLM,
 NSP, AdamW, global-norm clipping) on random BERT-schema shards of length 128, through the JAX trainer
@@ -16,6 +16,8 @@ The input pipeline is timed alone too: it must produce sequences faster than the
 ``--profile DIR``: after the timing, ``--profile_steps`` steps traced with ``jax.profiler``: the device time per step
 by kind of kernel and by part of the model (:mod:`device_profile`), printed and written to ``DIR/profile.json`` beside
 the trace and the optimised HLO (what a GPU session brings back to read).
+``--data_dir``: the step on a ``create-data`` folder instead (the command's workload: its predictions per sequence,
+documents apart where packed; MLM-only FLOPs where the data has no next-sentence pairs).
 ``--smoke``: L2-H128 on a tiny vocab for a few steps, a short matmul reading, the profile into a temporary folder
 (seconds; meaningless figures).
 """
@@ -23,6 +25,7 @@ the trace and the optimised HLO (what a GPU session brings back to read).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -56,11 +59,29 @@ def add_step_arguments(parser: argparse.ArgumentParser, batch: int, steps: int, 
 
 
 def step_config(folder: str, args: argparse.Namespace, **settings) -> Config:
-    """A JAX run of the step's shape (``args``) on random BERT-schema shards written to ``folder``."""
-    write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
-    return Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
+    """A JAX run of the step's shape (``args``) on random BERT-schema shards written to ``folder``, or on the data in
+    ``args.data_dir`` where given (its length, predictions and vocab: :func:`data_shape`)."""
+    data = getattr(args, "data_dir", None)
+    if data is None:
+        write_random_data_folder(folder, max(256, args.batch * 4), args.seq, args.pred, args.vocab)
+    return Config.load(data_dir=str(data or folder), output_dir=folder, model_size=args.model_size, backend="jax",
                        train_batch_size=args.batch, num_train_steps=100_000, num_warmup_steps=100,
                        steps_per_execution=args.steps_per_execution, **settings)
+
+
+def data_shape(data_dir: Path) -> tuple[int, int, int, bool]:
+    """A ``create-data`` folder's length, masked positions per sequence, vocab size, and whether its rows are MLM only
+    (no next-sentence pairs), from its manifest."""
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    settings = manifest["settings"]
+    return (settings["max_seq_length"], settings["max_predictions_per_seq"], manifest["vocab_size"],
+            bool(settings.get("no_nsp")))
+
+
+def flops_per_sequence(cfg, seq: int, pred: int, mlm_only: bool = False) -> float:
+    """:func:`training_flops_per_sequence`, less the pooler and NSP head an MLM-only model does not have."""
+    flops = training_flops_per_sequence(cfg, seq, pred)
+    return flops - 3 * (2 * cfg.hidden_size**2 + 4 * cfg.hidden_size) if mlm_only else flops
 
 
 def matmul_rate(dtype: str, m: int, k: int, n: int, seconds: float) -> float:
@@ -148,6 +169,9 @@ def main() -> None:
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
     parser.add_argument("--profile", type=Path, default=None, help="trace steps after the timing; results here")
     parser.add_argument("--profile_steps", type=int, default=5)
+    parser.add_argument("--data_dir", type=Path, default=None,
+                        help="a create-data folder to train on instead of random data (its length, predictions, vocab "
+                        "and documents: the command's own step; --seq, --pred and --vocab are then the data's)")
     args = parse_args(parser, smoke={**SMOKE_STEP, "matmul_size": 512, "matmul_seconds": 0.2, "profile_steps": 2},
                       what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps, a 512^3 matmul reading, "
                            "the profile into a temporary folder")
@@ -156,8 +180,11 @@ def main() -> None:
     if profile_out is not None:  # XLA reads its flags when JAX starts: before the trainer is built
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {device_profile.dump_flags(scratch / 'hlo')}"
 
+    mlm_only = False
+    if args.data_dir is not None:
+        args.seq, args.pred, args.vocab, mlm_only = data_shape(args.data_dir)
     cfg = bert_config_for_size(args.model_size, args.vocab)
-    flops = training_flops_per_sequence(cfg, args.seq, args.pred)
+    flops = flops_per_sequence(cfg, args.seq, args.pred, mlm_only)
     with tempfile.TemporaryDirectory() as folder:
         config = step_config(folder, args, mixed_precision=args.precision, hidden_dropout_prob=args.dropout)
         timed = time_training(config, args.steps)
@@ -176,7 +203,8 @@ def main() -> None:
     kind = getattr(devices.devices[0], "device_kind", "") if devices.kind != "cpu" else ""
     peak = args.peak_tflops * 1e12 or group_peak(kind, devices.precision, devices.num_replicas)
     print(f"device: {devices.describe()} ({getattr(devices.devices[0], 'device_kind', '?')}); model "
-          f"{args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}: "
+          f"{args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}"
+          f"{f', data {args.data_dir}' if args.data_dir else ''}: "
           f"{flops / 1e9:.2f} GFLOP per training sequence")
     print(f"training: {rate:.1f} sequences/s ({rate * flops / 1e12:.2f} TFLOP/s); first call {first:.1f} s; "
           f"the devices waited on input {wait:.1%} of the time")

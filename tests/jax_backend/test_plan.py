@@ -327,9 +327,9 @@ def test_a_plan_saved_onto_a_full_disk_is_one_line_after_the_report(mount_tmpfs)
 
 
 def test_a_gpus_compile_options_are_ones_this_xla_knows():
-    """A GPU's steps are compiled with XLA options (``Devices.jit_options``: its dot merger off); XLA refuses a name
-    it does not know in every compile, so they are compiled here (XLA's options are one set for every backend) to
-    catch a renamed option before a GPU does. Off a GPU there are none."""
+    """A GPU's steps are compiled with XLA options (``Devices.jit_options``: its dot merger and Triton GEMMs off);
+    XLA refuses a name it does not know in every compile, so they are compiled here (XLA's options are one set for
+    every backend) to catch a renamed option before a GPU does. Off a GPU there are none."""
     import jax
     import jax.numpy as jnp
 
@@ -338,7 +338,7 @@ def test_a_gpus_compile_options_are_ones_this_xla_knows():
     here = jax.devices()[:1]
     assert Devices("cpu", here).jit_options() == {} and Devices("tpu", here).jit_options() == {}
     options = Devices("gpu", here).jit_options()
-    assert options["compiler_options"]["xla_gpu_dot_merger_threshold_mb"] == 0
+    assert options["compiler_options"] == {"xla_gpu_dot_merger_threshold_mb": 0, "xla_gpu_enable_triton_gemm": False}
     assert float(jax.jit(lambda x: x @ x, **options)(jnp.ones((2, 2))).sum()) == 8.0
     with pytest.raises(Exception, match="xla_gpu_no_such_option"):
         jax.jit(lambda x: x @ x, compiler_options={"xla_gpu_no_such_option": 0})(jnp.ones((2, 2)))
