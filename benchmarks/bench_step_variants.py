@@ -36,18 +36,20 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``triton_gemm``: XLA's Triton GEMMs left on, as they are by default; the package turns them off for a GPU's steps:
   where the autotuner picked cuBLAS for a GEMM XLA had wrapped as a Triton fusion, the GEMM came back without the bias
   cuBLAS's epilogue adds (the H100's step of 2026-11-27 added the query, key and value biases in 36 kernels, 1.3 ms).
-  A compile without the GPU does not autotune and keeps the epilogue either way: only the card can measure it.
+  A compile without the GPU does not autotune and keeps the epilogue either way: only the card can measure it (an
+  H100: 0.949x, i.e. the package's 1.054x).
 - ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger``: the step before these six
   (commit 961c978's).
 - ``pallas_layernorm``: a candidate, not in the package: the norms by two Pallas (Triton) kernels of
   :mod:`pallas_layernorm` on a GPU (a pass over the rows each way, the weights' gradients as partial sums), where the
   H100 measured XLA's at 7.4 ms of a 53 ms step. Estimated 42.2 -> 40.6 ms (1.041x; the residual copies go too);
-  the Triton kernels' own speed is what a GPU has to say.
+  measured on an H100 with XLA's Triton GEMMs still on, 1.016x.
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
-  took 5.2 ms of the step at length 128).
+  took 5.2 ms of the step at length 128): measured on an H100, 0.807x.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
-  53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO): the GPU's.
+  53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
+  an H100, 0.949x: cuDNN's stays.
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
   the LayerNorms and the GELU are recomputed inside the backward pass's fusions instead of their forward writing
   what the backward reads (:func:`kept_for_backward` on a CPU's attention path, BERT-base at 128, per token and
