@@ -20,14 +20,12 @@ from ..core.device_decision import DeviceDecision, FoundDevices
 from ..errors import UserInputError
 
 AXIS = "data"
-# XLA's dot merger joins GEMMs that share an operand into one: jax 0.11.2 (an H100's) joins each block's query and
-# key projections, whose biases then leave cuBLAS's epilogue for a kernel of their own, and concatenates their
-# gradients to feed the joined weight gradient: BERT-base's step compiled for an H100 is 44.0 ms estimated with it,
-# 42.2 without (the H100's trace measured the bias kernels at 1.5 ms of 53). XLA's Triton GEMMs: on a GPU XLA first
-# wraps every GEMM as a Triton fusion, and where its autotuner then picks cuBLAS the GEMM comes back without its bias,
-# which cuBLAS's epilogue would have added: the H100's BERT-base step added the query, key and value biases in 36
-# kernels of their own (1.3 ms of 47.5 of kernels); with Triton's GEMMs off every GEMM is cuBLAS's, bias included:
-# measured on an H100, 5,159 -> 5,438 sequences/s (1.054x), and a shorter compile (nothing of Triton's to autotune).
+# XLA's options for a GPU's steps. The dot merger joins GEMMs that share an operand: jax 0.11.2 (an H100's) joins each
+# block's query and key projections and concatenates their gradients to feed the joined weight gradient (off: 1.016x
+# measured on an H100). Triton's GEMMs: on a GPU XLA first wraps every GEMM as a Triton fusion, and where its
+# autotuner then picks cuBLAS the GEMM comes back without the bias cuBLAS's epilogue would have added: the H100's
+# BERT-base step added the query, key and value biases in 36 kernels of their own (1.3 ms of 47.5 of kernels). With
+# them off every GEMM is cuBLAS's, bias included: 1.054x measured on an H100, and a shorter compile.
 GPU_COMPILER_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 0, "xla_gpu_enable_triton_gemm": False}
 
 
