@@ -292,22 +292,3 @@ def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_do
         for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
             np.testing.assert_allclose(np.asarray(g)[real], np.asarray(w)[real], atol=2e-5)
 
-
-def test_xla_option_variants_each_restore_one_default():
-    """``bench_step_variants``' ``dot_merger`` and ``triton_gemm`` each leave out one of the options the package
-    compiles a GPU's steps with (XLA's default again for that one only), and joined, both: a variant that dropped
-    every option would measure two changes as one."""
-    jax = pytest.importorskip("jax")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_step_variants
-
-    from tpu_pretrain.jax_backend.devices import Devices
-
-    def options(name):
-        with bench_step_variants.variant(name):
-            return Devices("gpu", jax.devices()[:1]).jit_options()["compiler_options"]
-
-    merger, triton = "xla_gpu_dot_merger_threshold_mb", "xla_gpu_enable_triton_gemm"
-    assert set(options("base")) == {merger, triton}
-    assert set(options("dot_merger")) == {triton} and set(options("triton_gemm")) == {merger}
-    assert options("dot_merger+triton_gemm") == {} and set(options("base")) == {merger, triton}
