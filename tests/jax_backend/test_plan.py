@@ -342,25 +342,3 @@ def test_a_gpus_compile_options_are_ones_this_xla_knows():
     assert float(jax.jit(lambda x: x @ x, **options)(jnp.ones((2, 2))).sum()) == 8.0
     with pytest.raises(Exception, match="xla_gpu_no_such_option"):
         jax.jit(lambda x: x @ x, compiler_options={"xla_gpu_no_such_option": 0})(jnp.ones((2, 2)))
-
-
-def test_the_benchmarks_option_variants_each_restore_one_default():
-    """``bench_step_variants``' ``dot_merger`` and ``triton_gemm`` each leave out one of the options above (XLA's
-    default again for that one only), and joined, both: a variant that dropped every option would measure two changes
-    as one."""
-    import jax
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                    "benchmarks"))
-    import bench_step_variants
-
-    from tpu_pretrain.jax_backend.devices import Devices
-
-    def options(name):
-        with bench_step_variants.variant(name):
-            return Devices("gpu", jax.devices()[:1]).jit_options()["compiler_options"]
-
-    merger, triton = "xla_gpu_dot_merger_threshold_mb", "xla_gpu_enable_triton_gemm"
-    assert set(options("base")) == {merger, triton}
-    assert set(options("dot_merger")) == {triton} and set(options("triton_gemm")) == {merger}
-    assert options("dot_merger+triton_gemm") == {} and set(options("base")) == {merger, triton}
