@@ -129,7 +129,7 @@ def variant(name: str) -> contextlib.ExitStack:
 
         patches.enter_context(mock.patch.object(step.JaxOps, "cross_entropy", staticmethod(autodiff)))
     if "autodiff_qkv" in changes:
-        def projections(x, kernels, biases):
+        def projections(x, kernels, biases, for_gpu):
             return (*(jnp.matmul(x, kernel) + bias for kernel, bias in zip(kernels, biases, strict=True)), x)
 
         patches.enter_context(mock.patch.object(model, "shared_input_projections", projections))
@@ -163,11 +163,11 @@ def pallas_attention(masked, interpret: bool = False):
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import attention as triton_attention
 
-    from tpu_pretrain.jax_backend import splash
+    from tpu_pretrain.jax_backend.devices import target_platform
     from tpu_pretrain.jax_backend.documents import document_ids
 
     def call(q, k, v, attend, documents=None, window=None, path="auto", mesh=None):
-        if window is not None or not (interpret or splash.target_platform(mesh) == "gpu"):
+        if window is not None or not (interpret or target_platform(mesh) == "gpu"):
             return masked(q, k, v, attend, documents, window, path, mesh)
         segments = document_ids(None, attend, None) if documents is None else documents
         return triton_attention.mha(q, k, v, segments.astype(jnp.int32), sm_scale=q.shape[-1] ** -0.5,

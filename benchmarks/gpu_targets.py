@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from unittest import mock
 
 # the published figures of each card, in XLA's text format for GpuTargetConfig (what the CUDA plugin reads off a
 # present card); cuDNN 9, CUDA 13
@@ -77,12 +76,11 @@ def described(target: str) -> list:
 
 @contextlib.contextmanager
 def compiling_for(target: str):
-    """The package's :class:`Devices` for ``target`` (abstract: only compiled for), with JAX's default backend
-    reported as ``gpu`` meanwhile, so the model takes its GPU paths (cuDNN's attention, the float32 lookups)."""
+    """The package's :class:`Devices` for ``target`` (abstract: only compiled for): their mesh is on the GPU, so the
+    model takes its GPU forms (``devices.target_platform``: cuDNN's attention, the float32 lookups)."""
     from tpu_pretrain.jax_backend.devices import Devices, compute_at_least
 
     devices = described(target)
     # bfloat16 where native, else float16 as a T4's users ask for it (--mixed_precision float16: loss scaled)
     precision = "bfloat16" if compute_at_least(devices[0], 8.0) else "float16"
-    with mock.patch("jax.default_backend", lambda: "gpu"):
-        yield Devices("gpu", devices, precision, abstract=True)
+    yield Devices("gpu", devices, precision, abstract=True)

@@ -12,6 +12,7 @@ rounded once. LayerNorm, on rows of mean -3 to 3 and spread 0.1 to 10 (a mean up
 its rounding; bfloat16 to a step), and a backward pass that adds each input gradient to the running total as the GPU
 compiler folds into the GEMMs (``product + total``; autodiff writes ``total + product``, kept for other compilers)."""
 
+import functools
 from unittest import mock
 
 import numpy as np
@@ -110,6 +111,10 @@ def _projected(dtype):
     return x, kernels, biases
 
 
+def _ours(x, kernels, biases, for_gpu):
+    return shared_input_projections(x, kernels, biases, for_gpu)
+
+
 def _autodiff_projections(x, kernels, biases):
     if biases is None:  # ModernBERT's Wqkv: no biases
         return (*(jnp.matmul(x, k) for k in kernels), x)
@@ -126,17 +131,19 @@ def _gradients(projections, x, kernels, biases):
     return jax.grad(loss, argnums=(0, 1, 2))(x, kernels, biases)
 
 
+@pytest.mark.parametrize("for_gpu", [True, False])
 @pytest.mark.parametrize("with_biases", [True, False])
 @pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 0.05)])
-def test_shared_input_projections_are_autodiffs_products_and_gradients(dtype, tolerance, with_biases):
+def test_shared_input_projections_are_autodiffs_products_and_gradients(dtype, tolerance, with_biases, for_gpu):
     x, kernels, biases = _projected(dtype)
     biases = biases if with_biases else None
-    got, want = shared_input_projections(x, kernels, biases), _autodiff_projections(x, kernels, biases)
+    ours = functools.partial(_ours, for_gpu=for_gpu)
+    got, want = ours(x, kernels, biases), _autodiff_projections(x, kernels, biases)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
         np.testing.assert_array_equal(g, w)  # the same forward products
     got_grads, want_grads = (_gradients(f, x, kernels, biases)
-                             for f in (shared_input_projections, _autodiff_projections))
+                             for f in (ours, _autodiff_projections))
     for g, w in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
         assert g.dtype == w.dtype == dtype
         np.testing.assert_allclose(g.astype(jnp.float32), w.astype(jnp.float32), rtol=tolerance,
@@ -159,6 +166,46 @@ def _products_added_second(projections) -> int:
 
 def test_shared_input_projections_accumulate_each_input_gradient_onto_the_last():
     assert _products_added_second(_autodiff_projections) == 3  # autodiff's order: one add left a kernel on a GPU
-    with mock.patch("jax.default_backend", lambda: "gpu"):  # traced for a GPU: the order its compiler folds
-        assert _products_added_second(shared_input_projections) == 0
-    assert _products_added_second(shared_input_projections) == 3  # elsewhere autodiff's (the TPU compiler's choice)
+    assert _products_added_second(functools.partial(_ours, for_gpu=True)) == 0  # the order the GPU compiler folds
+    assert _products_added_second(functools.partial(_ours, for_gpu=False)) == 3  # autodiff's: the TPU compiler's
+
+
+def test_a_model_takes_the_forms_of_the_platform_its_mesh_is_on():
+    """The platform-specific forms (here the token table's: gathered in float32 for a GPU, cast to bfloat16 first
+    elsewhere) follow the platform the step is compiled for (``devices.target_platform``): the trainer's mesh's, not
+    the process's backend, so a TPU's step planned on a GPU machine is the TPU's; without a mesh, the backend's."""
+    from jax.sharding import Mesh
+
+    from tpu_pretrain.jax_backend.model import build_model
+    from tpu_pretrain.models.bert_config import bert_config_for_size
+
+    model = build_model(bert_config_for_size("L2-H128", 100), 16, 4, with_nsp=False, dtype="mixed_bfloat16")
+    ids = jnp.tile(jnp.arange(1, 17), (2, 1))
+    weights = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+
+    def gathered_tables():
+        def loss(w):
+            outputs = model.stateless_call(w, others, [ids, jnp.zeros_like(ids), jnp.zeros((2, 4), jnp.int32)])[0]
+            return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree_util.tree_leaves(outputs))
+
+        return {str(e.invars[0].aval.dtype) for e in _equations(jax.make_jaxpr(jax.grad(loss))(weights).jaxpr)
+                if e.primitive.name == "gather"}
+
+    with mock.patch("jax.default_backend", lambda: "gpu"):  # a GPU machine
+        assert gathered_tables() == {"float32"}  # no mesh: the process's backend
+        model.data_mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("data",))  # compiled for the mesh's devices
+        assert gathered_tables() == {"bfloat16"}
+    model.data_mesh = None
+    assert gathered_tables() == {"bfloat16"}
+
+
+def _equations(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs inside it (jit, custom_vjp, control flow)."""
+    for e in jaxpr.eqns:
+        yield e
+        for value in e.params.values():
+            for inner in value if isinstance(value, list | tuple) else (value,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)

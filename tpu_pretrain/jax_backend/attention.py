@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from ..environment import environment_override
 from ..errors import UserInputError
 from . import splash
-from .devices import compute_at_least
+from .devices import compute_at_least, target_device, target_platform
 from .documents import document_ids
 
 # cuDNN's fused attention in 16 bits needs an Ampere or newer GPU; JAX does not check, and on an older one (the free
@@ -46,15 +46,9 @@ def attention_path(setting: str | None = None) -> str:
     return path
 
 
-def target_device(mesh=None):
-    """The device the computation is compiled for: the mesh's first (a GPU or TPU described to the compiler, from a
-    machine without one), else this process's first."""
-    return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-
-
 def cudnn_applies(dtype, head_size: int, mesh=None) -> bool:
     """Whether cuDNN's fused attention can take these inputs on the GPU compiled for (:func:`target_device`)."""
-    return (splash.target_platform(mesh) == "gpu" and compute_at_least(target_device(mesh), CUDNN_ATTENTION_CAPABILITY)
+    return (target_platform(mesh) == "gpu" and compute_at_least(target_device(mesh), CUDNN_ATTENTION_CAPABILITY)
             and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_size % 8 == 0 and head_size <= 128)
 
 
@@ -135,12 +129,12 @@ def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=
                 _CUDNN_REFUSED.add(str(error))
                 warnings.warn(f"cuDNN fused attention refused these inputs ({error}); using the explicit path.",
                               stacklevel=2)
-    if path == "auto" and splash.target_platform(mesh) == "gpu":
+    if path == "auto" and target_platform(mesh) == "gpu":
         say_path(f"explicit (cuDNN's fused kernel does not take {q.dtype} inputs of head size {q.shape[-1]} on a "
                  f"{target_device(mesh).device_kind})")
         return explicit_attention(q, k, v, attend if padding_only else attention_mask(attend, documents, window))
     mask = attend[:, None, None, :] if padding_only else attention_mask(attend, documents, window)
-    if q.dtype == jnp.float16 and splash.target_platform(mesh) != "gpu":
+    if q.dtype == jnp.float16 and target_platform(mesh) != "gpu":
         # the function asks XLA for float16 dots with float32 results (F16_F16_F32), which CPUs and TPUs refuse at
         # compile time: float16 there (the tests' stand-in for a T4) computes attention in float32
         return jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), mask=mask,

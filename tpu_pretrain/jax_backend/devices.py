@@ -121,6 +121,19 @@ def _supports_bfloat16(device) -> bool:
     return device.platform == "tpu" or compute_at_least(device, 8.0)
 
 
+def target_device(mesh=None):
+    """The device the computation is compiled for: the mesh's first (a GPU or TPU described to the compiler, from a
+    machine without one), else this process's first."""
+    return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+
+
+def target_platform(mesh=None) -> str:
+    """The platform the computation is compiled for (``tpu``, ``gpu`` or ``cpu``): the mesh's devices' (a TPU
+    described for ``tpu-pretrain plan``, from a machine without one), else this process's default backend. Every
+    platform-specific form of a layer asks this, so a step compiled for a TPU on a GPU machine takes the TPU's."""
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
 def compute_at_least(device, capability: float) -> bool:
     """A GPU of compute capability ``capability`` or above (float16 tensor cores: 7.0, native bfloat16 and cuDNN's
     fused attention: 8.0)."""

@@ -11,6 +11,7 @@ norms' one-pass statistics, -0.6 ms for the projections' gradient.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from . import select_keras_backend
@@ -83,17 +84,18 @@ class LayerNorm(keras.layers.LayerNormalization):
         return (x * scale + shift).astype(self.compute_dtype)
 
 
-@jax.custom_vjp
-def shared_input_projections(x, kernels, biases):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def shared_input_projections(x, kernels, biases, for_gpu: bool):
     """``x @ kernel + bias`` for each pair (``biases`` None: no biases), then ``x`` itself: one input projected several
     ways (the query, key and value), whose gradient adds each projection's input gradient to the running total as
-    ``product + total``.
+    ``product + total`` when compiled ``for_gpu`` (the caller asks :func:`.devices.target_platform`).
 
     The input's gradient is four terms (three products ``grad @ kernel.T`` and what the other readers of ``x`` pass
     back through the returned ``x``). Autodiff adds them as ``total + product``; of that order the GPU compiler's
     GEMM rewriter (jax 0.10.2) folds two adds into cuBLAS's accumulation (``beta = 1``) and leaves one a kernel of its
-    own, reading three activation-sized tensors and writing one; written ``product + total`` it folds all three
-    (the order used on a GPU only: :func:`_accumulated`).
+    own, reading three activation-sized tensors and writing one; written ``product + total`` it folds all three.
+    Elsewhere autodiff's order: the TPU compiler counts 1.5% more bytes per step for the GPU's (v5e, libtpu 0.0.42.1,
+    BERT-base at batch 128: 67.85 GB against 66.87).
     BERT-base's step compiled for an H100: twelve kernels fewer, 43.1 -> 42.5 ms estimated
     (``benchmarks/bench_step_variants.py --compile_for h100``). Callers use the returned ``x`` for its other uses,
     so that their gradient arrives here.
@@ -107,27 +109,21 @@ def _projection(x, kernel, bias):
     return product if bias is None else product + bias
 
 
-def _shared_input_projections_forward(x, kernels, biases):
-    return shared_input_projections(x, kernels, biases), (x, kernels, biases)  # None stays None (no leaves)
+def _shared_input_projections_forward(x, kernels, biases, for_gpu):
+    return shared_input_projections(x, kernels, biases, for_gpu), (x, kernels, biases)  # None stays None (no leaves)
 
 
-def _shared_input_projections_backward(residuals, cotangents):
+def _shared_input_projections_backward(for_gpu, residuals, cotangents):
     x, kernels, biases = residuals
     *grads, total = cotangents
     features, leading = x.ndim - 1, tuple(range(x.ndim - 1))
     for grad, kernel in zip(reversed(grads), reversed(kernels), strict=True):
-        total = _accumulated(jax.lax.dot_general(grad, kernel, (((features,), (1,)), ((), ()))), total)
+        product = jax.lax.dot_general(grad, kernel, (((features,), (1,)), ((), ())))
+        total = product + total if for_gpu else total + product  # the order each compiler does best with
     kernel_grads = tuple(jax.lax.dot_general(x, grad, ((leading, leading), ((), ()))) for grad in grads)
     bias_grads = None if biases is None else tuple(jnp.sum(grad, axis=leading, dtype=jnp.float32).astype(grad.dtype)
                                                   for grad in grads)
     return total.astype(x.dtype), kernel_grads, bias_grads
-
-
-def _accumulated(product, total):
-    """``product + total`` for the GPU compiler, which folds that order into the GEMM; ``total + product`` elsewhere,
-    as autodiff writes it: the TPU compiler counts 1.5% more bytes per step for the GPU's order (v5e, libtpu
-    0.0.42.1, BERT-base at batch 128: 67.85 GB against 66.87)."""
-    return product + total if jax.default_backend() == "gpu" else total + product
 
 
 shared_input_projections.defvjp(_shared_input_projections_forward, _shared_input_projections_backward)

@@ -18,11 +18,16 @@ from keras import ops  # noqa: E402
 
 
 class TokenEmbedding(keras.layers.Embedding):
-    """An embedding gathered from its float32 table, then cast to the compute dtype (Keras casts the table first).
+    """The token table, its weights float32 (Keras's ``Embedding``'s): compiled for a GPU (``float32_gather``, the
+    caller asks :func:`.devices.target_platform`), gathered from the float32 table and cast after; elsewhere cast to
+    the compute dtype first, as Keras's layer does.
 
     The same rows either way; what changes is the gradient, a scatter-add into the table: in bfloat16 a GPU adds
     each update with a compare-and-swap loop, serialised on the rows real text repeats, which took 270 ms of a
-    333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add.
+    333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add. A TPU adds bfloat16 rows without
+    that serialisation, and its compiler, given the float32 gather in a step sharded over several chips, reports no
+    temporaries at all (0 bytes on a v5e-8 where Keras's order gives 9.8 MB), so ``tpu-pretrain plan`` would
+    undercount the step's memory.
     """
 
     def build(self, input_shape=None):
@@ -31,14 +36,10 @@ class TokenEmbedding(keras.layers.Embedding):
                                                initializer=self.embeddings_initializer, autocast=False)
             self.built = True
 
-
-def token_embedding(*args, **kwargs) -> keras.layers.Embedding:
-    """The token table's layer: :class:`TokenEmbedding` on a GPU, where its float32 scatter-add is the fix; Keras's
-    own elsewhere. A TPU adds bfloat16 rows without that serialisation, and its compiler, given the float32 gather in
-    a step sharded over several chips, reports no temporaries at all (0 bytes on a v5e-8 where Keras's layer gives
-    9.8 MB), so ``tpu-pretrain plan`` would undercount the step's memory. The weights are float32 either way."""
-    kind = TokenEmbedding if jax.default_backend() == "gpu" else keras.layers.Embedding
-    return kind(*args, **kwargs)
+    def call(self, inputs, float32_gather: bool = False):
+        if float32_gather:
+            return super().call(inputs)  # the table is not autocast: gathered in float32, cast after
+        return ops.take(ops.cast(self.embeddings, self.compute_dtype), ops.cast(inputs, "int32"), axis=0)
 
 
 class OneHotEmbedding(keras.layers.Embedding):

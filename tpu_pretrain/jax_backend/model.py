@@ -26,9 +26,10 @@ from keras import ops  # noqa: E402
 from ..models.bert_config import BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from .attention import attention_mask, attention_path, explicit_attention, masked_attention, say_path  # noqa: E402
+from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, exact_gelu, shared_input_projections  # noqa: E402
-from .lookups import OneHotEmbedding, one_hot_rows, token_embedding  # noqa: E402
+from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows  # noqa: E402
 
 
 def keep_tensorflow_out() -> None:
@@ -80,7 +81,7 @@ class _Factory:
         return LayerNorm(epsilon=1e-12, name=name, dtype=self.dtype)
 
     def embedding(self, rows: int, width: int, name: str, one_hot: bool = False):
-        kind = OneHotEmbedding if one_hot else token_embedding
+        kind = OneHotEmbedding if one_hot else TokenEmbedding
         return kind(rows, width, embeddings_initializer=self.init(), name=name, dtype=self.dtype)
 
     def dropout(self, rate: float):
@@ -127,7 +128,8 @@ class TransformerBlock(keras.layers.Layer):
         :func:`~.lean_layers.shared_input_projections`, for the residual (its gradient then joins the projections')."""
         projections = (self.query, self.key, self.value)
         q, k, v, x = shared_input_projections(x, tuple(ops.cast(p.kernel, x.dtype) for p in projections),
-                                              tuple(ops.cast(p.bias, x.dtype) for p in projections))
+                                              tuple(ops.cast(p.bias, x.dtype) for p in projections),
+                                              target_platform(mesh) == "gpu")
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if self.explicit(training):
             say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
@@ -192,7 +194,8 @@ class PretrainingBert(keras.Model):
         attend = input_ids != 0
         documents = None if self.document_separator is None else document_ids(input_ids, attend,
                                                                                self.document_separator)
-        x = self.token_embedding(input_ids) + self.segment_embedding(segment_ids)
+        x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
+        x = x + self.segment_embedding(segment_ids)
         if documents is None:
             x = x + self.position_embedding(ops.arange(length))[None]
         else:

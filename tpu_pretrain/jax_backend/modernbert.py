@@ -40,9 +40,11 @@ from keras import ops  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
 from .attention import attention_mask, attention_path, masked_attention, say_path  # noqa: E402
+from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, shared_input_projections  # noqa: E402
-from .model import Bias, activation, one_hot_rows, token_embedding  # noqa: E402
+from .lookups import TokenEmbedding  # noqa: E402
+from .model import Bias, activation, one_hot_rows  # noqa: E402
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"  # tied: the embeddings themselves, never a variable of its own
@@ -121,7 +123,7 @@ def column_blocks(dense: keras.layers.Dense, x, parts: int) -> tuple:
     kernels = tuple(kernel[:, i * width:(i + 1) * width] for i in range(parts))
     biases = None if dense.bias is None else tuple(
         ops.cast(dense.bias, x.dtype)[i * width:(i + 1) * width] for i in range(parts))
-    return shared_input_projections(x, kernels, biases)[:parts]
+    return shared_input_projections(x, kernels, biases, True)[:parts]
 
 
 class ModernBertLayer(keras.layers.Layer):
@@ -152,7 +154,7 @@ class ModernBertLayer(keras.layers.Layer):
         """The attention context ``[batch, length, hidden]`` before ``Wo``."""
         batch, length, width = x.shape
         heads = (batch, length, self.heads, width // self.heads)
-        if jax.default_backend() == "gpu":
+        if target_platform(mesh) == "gpu":
             q, k, v = (ops.reshape(t, heads) for t in column_blocks(self.wqkv, x, 3))
         else:
             qkv = ops.reshape(self.wqkv(x), (batch, length, 3, *heads[2:]))
@@ -190,7 +192,7 @@ class PretrainingModernBert(keras.Model):
         make = _Make(config, dtype)
         self.config, self.attention, self.with_nsp = config, attention_path(attention), False
         h = config.hidden_size
-        self.token_embedding = token_embedding(
+        self.token_embedding = TokenEmbedding(
             config.vocab_size, h, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=make.std_in),
             name="tok_embeddings", dtype=dtype)
         self.embedding_norm = make.norm("embedding_norm")
@@ -209,7 +211,8 @@ class PretrainingModernBert(keras.Model):
     def encode(self, input_ids, segment_ids=None, training=False):
         """The last hidden states ``[batch, length, hidden]``, after the final norm."""
         config, length = self.config, input_ids.shape[1]
-        x = self.embedding_dropout(self.embedding_norm(self.token_embedding(input_ids)), training=training)
+        x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
+        x = self.embedding_dropout(self.embedding_norm(x), training=training)
         attend = input_ids != config.pad_token_id
         if config.pad_token_id != 0:
             attend = attend & before_zero_tail(input_ids)

@@ -29,6 +29,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.sharding import PartitionSpec
 
+from .devices import target_platform
+
 try:  # jax >= 0.6
     from jax import shard_map as _shard_map
 
@@ -42,14 +44,6 @@ except ImportError:  # pragma: no cover - older JAX
 
 LANES = 128  # the kernel's blocks are multiples of this
 BLOCKS = (512, 256, 128)
-
-
-def target_platform(mesh=None) -> str:
-    """The platform the computation is compiled for: the mesh's devices' (a TPU described for the plan command,
-    from a CPU machine), else this process's default backend."""
-    if mesh is not None:
-        return mesh.devices.flat[0].platform
-    return jax.default_backend()
 
 
 def applies(length: int, mesh=None) -> bool:
