@@ -60,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_train_jax import flops_per_sequence  # noqa: E402
+from bench_train_jax import data_shape, flops_per_sequence  # noqa: E402
 from support import parse_args  # noqa: E402
 
 from tpu_pretrain.core.peaks import published_peak  # noqa: E402
@@ -161,7 +161,7 @@ def modernbert_shape(args) -> modernbert_config.ModernBertConfig:
 def predictions(data: Path | None, seq: int) -> int:
     """The data's masked positions per sequence (as many as 30% masking fills without the data)."""
     if data is not None and (data / "manifest.json").is_file():
-        return json.loads((data / "manifest.json").read_text())["settings"]["max_predictions_per_seq"]
+        return data_shape(data)[1]
     return math.ceil(MASKED * seq)
 
 

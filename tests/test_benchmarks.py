@@ -291,4 +291,3 @@ def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_do
         (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
         for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
             np.testing.assert_allclose(np.asarray(g)[real], np.asarray(w)[real], atol=2e-5)
-

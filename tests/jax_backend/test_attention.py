@@ -174,15 +174,14 @@ def described_gpu(capability: str, kind: str):
     return types.SimpleNamespace(devices=np.array([device]))
 
 
-def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only(monkeypatch):
+def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only():
     """cuDNN's fused attention refuses 16-bit graphs below compute capability 8.0 only on the card, after tracing
     (JAX does not check): on the free T4 (7.5, float16) ``auto`` must compile the explicit path (scores in the
     inputs' dtype: fewer bytes than XLA's function there) and ``cudnn`` must say why not."""
     t4, a100 = described_gpu("7.5", "Tesla T4"), described_gpu("8.0", "NVIDIA A100-SXM4-40GB")
     assert not cudnn_applies(jnp.float16, H, t4) and cudnn_applies(jnp.float16, H, a100)
     assert not cudnn_applies(jnp.float16, H)  # this process's own device: the CPU
-    q, k, v = qkv("float16")  # what a T4 trains in
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # compiled for a GPU, as on the card
+    q, k, v = qkv("float16")  # what a T4 trains in; the described mesh says what it is compiled for
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         on_t4 = fused_attention(q, k, v, attend(), "auto", mesh=t4)
