@@ -10,14 +10,14 @@ compile) and the loss after the timed steps, which must agree with ``base`` to b
 timing, what one block's forward keeps for its backward under each (:func:`kept_for_backward`, bytes per token):
 
 - ``base``: the package as it is.
-- ``keras_gelu``: the package before the exact GELU's hand-written gradient (``lean_layers.exact_gelu``): Keras's
-  GELU and JAX's autodiff of it, whose forward writes three activation-sized tensors for the backward. The GELU's
-  two passes took 8.2 ms of a 53 ms step on an H100 (benchmarks/GPU_NOTES.md). Two earlier forms of the
+- ``keras_gelu``: the package before the GELUs' hand-written gradients (``lean_layers.exact_gelu``, ``tanh_gelu``):
+  Keras's exact GELU and JAX's autodiff of it, whose forward writes three activation-sized tensors for the backward. The
+  GELU's two passes took 8.2 ms of a 53 ms step on an H100 (benchmarks/GPU_NOTES.md). Two earlier forms of the
   ``custom_vjp`` took the bias in too: with the gradient in float32 it measured -1% on the H100 (its backward wrote
   float32); with it in bfloat16, compiled for an H100 here, the forward became two kernels (XLA's ``erfc`` form of
-  ``jax.nn.gelu`` reads its input many times, so the compiler would not fuse the scaled input into it) and the
-  estimate did not move. The package's form (float32 ``erf``, the bias left in the GEMM's epilogue): estimated
-  1.061x this one (below).
+  ``jax.nn.gelu`` reads its input many times, so the compiler would not fuse the scaled input into it) and the estimate
+  did not move. The package's form (float32 ``erf``, the bias left in the GEMM's epilogue): estimated 1.061x this one
+  (below).
 - ``keras_layernorm``: Keras's LayerNormalization for the package's (``lean_layers.LayerNorm``: the row's mean and mean
   square in one pass), whose forward reduces the mean, then the squared deviations from it, then normalises: three
   passes over the input, two kernels of them reductions.
@@ -54,29 +54,33 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
   the LayerNorms and the GELU are recomputed inside the backward pass's fusions instead of their forward writing
   what the backward reads (:func:`kept_for_backward` on a CPU's attention path, BERT-base at 128, per token and
-  block: ``keras_gelu`` 67.6 KiB, ``base`` 55.6, ``remat`` 15.0, ``tanh_gelu`` 79.6). Compiled, both compilers
-  count the other way: recomputing reads the inputs again (the TPU's, ``--compile_for v5e-1 --steps 0 --batch 128``,
-  libtpu 0.0.42.1, bytes accessed per step against ``keras_gelu``'s 72.5 GB: ``remat`` 87.7, +21%; the exact GELU's
-  gradient 68.9, -5%; ``tanh_gelu`` 67.5; ``xla_attention`` 74.5 against the splash kernel's).
-- ``tanh_gelu``: the tanh GELU (``gelu_new``) for BERT's exact one: the same bytes. With
-  ``--xla_flags=--xla_gpu_enable_cublaslt=true`` (another process: XLA reads its flags when JAX starts) XLA's GEMM
-  rewriter may fold the bias and the tanh GELU into cuBLASLt's epilogue; compiled for an H100 by jax 0.10.2 it folds
-  the biases only (``"epilogue":"BIAS"`` in the HLO, no ``GELU``). The loss differs from ``base`` by the two
+  block: ``keras_gelu`` 67.6 KiB, ``base`` 55.6, ``remat`` 15.0). Compiled, both compilers count the other way:
+  recomputing reads the inputs again (the TPU's, ``--compile_for v5e-1 --steps 0 --batch 128``, libtpu 0.0.42.1,
+  bytes accessed per step against ``keras_gelu``'s 72.5 GB: ``remat`` 87.7, +21%; the exact GELU's gradient 68.9,
+  -5%; ``xla_attention`` 74.5 against the splash kernel's).
+- ``exact_gelu``: the exact (erf) GELU for the tanh one the modern recipe builds (``hidden_act gelu_new``), i.e. the
+  package before the recipe took it. With the tanh form's own gradient (``lean_layers.tanh_gelu``, keeping only its
+  input) XLA's GEMM rewriter computes the bias and the GELU in cuBLASLt's epilogue (``BIAS_GELU_AUX``: the
+  feed-forward GEMM writes the activation and its input) and no GELU kernel runs in the forward pass; it matches
+  only the tanh form, and only where the tanh's intermediates are not kept (JAX's autodiff of it keeps them: the
+  rewriter then folds the bias alone). Compiled for an H100 under jax 0.11.2: 40.4 ms (the package) against 42.2
+  (this), the forward's GELU kernels' 1.8 ms; for a TPU v5e (batch 128) 65.6 GB accessed against 66.9, and 5.1 GiB
+  of temporaries against 6.2; for a T4 (float16, no such epilogue) 0.993x. The loss differs from ``base`` by the two
   functions' difference (~1e-3 per activation).
 
-Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against
-the same baseline, and only what a measurement kept moves into the package. ``--compile_for``: each variant's step
-compiled for a TPU (or the CPU) as ``tpu-pretrain plan`` compiles it, with the compiler's FLOPs, bytes accessed and
-temporaries (:func:`compiled_counts`; ``--steps 0`` times nothing); or for a GPU (``h100``, ``h200``, ``a100``,
-``l4``, ``t4``) by JAX's CUDA plugin on this machine (:mod:`gpu_targets`), its time per step estimated from the GPU
-compiler's optimised HLO (:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1
-measured) and set against ``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each
-change entering the package in turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the
-cross-entropy's 44.1, and the one-pass LayerNorm 43.1, and the projections' gradient 42.5, and the joined norm 42.2
-(1.140x in all; the dot merger moves nothing there). Under jax 0.11.2, the H100's own compiler (a Python 3.12
-environment): 49.8 -> 44.0 for the first five, 42.2 with the dot merger off. Against the step before them (0.10.2):
-``tanh_gelu`` 48.1 (the same bytes), ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost 14.9 ms in the
-backward), ``xla_attention`` 65.9 (0.729x).
+Why a script of its own: a GPU session has minutes of device time; each change is tried here in one call against the
+same baseline, and only what a measurement kept moves into the package. ``--compile_for``: each variant's step compiled
+for a TPU (or the CPU) as ``tpu-pretrain plan`` compiles it, with the compiler's FLOPs, bytes accessed and temporaries
+(:func:`compiled_counts`; ``--steps 0`` times nothing); or for a GPU (``h100``, ``h200``, ``a100``, ``l4``, ``t4``) by
+JAX's CUDA plugin on this machine (:mod:`gpu_targets`), its time per step estimated from the GPU compiler's optimised
+HLO (:mod:`hlo_roofline`, calibrated on the H100's trace: 52.8 ms estimated against 53.1 measured) and set against
+``base``'s, part by part. BERT-base, batch 256, jax 0.10.2, estimated for an H100, each change entering the package in
+turn: the step before them 48.1 ms; with the GELU's gradient 45.3 (1.061x), and the cross-entropy's 44.1, and the
+one-pass LayerNorm 43.1, and the projections' gradient 42.5, and the joined norm 42.2 (1.140x in all; the dot merger
+moves nothing there). Under jax 0.11.2, the H100's own compiler (a Python 3.12 environment): 49.8 -> 44.0 for the first
+five, 42.2 with the dot merger off, 40.4 with the tanh GELU in the GEMMs' epilogue. Against the step before them
+(0.10.2): ``remat`` 54.7 (0.880x: the recomputed LayerNorms and GELU cost 14.9 ms in the backward), ``xla_attention``
+65.9 (0.729x).
 ``--smoke``: L2-H128 on the CPU, three variants, their steps compiled for the CPU too.
 """
 
@@ -100,7 +104,7 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
-           "triton_gemm", "xla_attention", "remat", "tanh_gelu", "pallas_layernorm", "pallas_attention")
+           "triton_gemm", "xla_attention", "remat", "exact_gelu", "pallas_layernorm", "pallas_attention")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -117,9 +121,13 @@ def variant(name: str) -> contextlib.ExitStack:
 
     changes, patches = name.split("+"), contextlib.ExitStack()
     exact = model.activation
+    gelu = ("gelu", "gelu_new")
     if "keras_gelu" in changes:
-        patches.enter_context(mock.patch.object(model, "activation", lambda act: (
-            (lambda x: keras.activations.gelu(x, approximate=False)) if act == "gelu" else exact(act))))
+        patches.enter_context(mock.patch.object(model, "activation", lambda act, for_gpu=False: (
+            (lambda x: keras.activations.gelu(x, approximate=False)) if act in gelu else exact(act, for_gpu))))
+    if "exact_gelu" in changes:
+        patches.enter_context(mock.patch.object(model, "activation", lambda act, for_gpu=False: (
+            exact("gelu" if act in gelu else act, for_gpu))))
     if "keras_layernorm" in changes:
         patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", keras.layers.LayerNormalization.call))
     if "autodiff_loss" in changes:
@@ -151,9 +159,6 @@ def variant(name: str) -> contextlib.ExitStack:
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))
-    if "tanh_gelu" in changes:
-        patches.enter_context(mock.patch.object(model, "activation",
-                                                lambda act: exact("gelu_new" if act == "gelu" else act)))
     return patches
 
 
@@ -326,7 +331,7 @@ def main() -> None:
                         "GPU needed; the step's time estimated from its optimised HLO); --steps 0 times nothing")
     add_step_arguments(parser, batch=256, steps=40, steps_per_execution=20)
     args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2, "compile_for": "cpu",
-                                     "variants": ["keras_gelu", "remat", "tanh_gelu"]},
+                                     "variants": ["keras_gelu", "remat", "exact_gelu"]},
                       what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps; three variants, their steps "
                            "compiled for the CPU too")
     on_gpu = args.compile_for in gpu_targets.TARGETS

@@ -3,14 +3,16 @@
 Usage: python benchmarks/bench_train_torch_peer.py [--model_size L12-H768] [--batch 64 256] [--steps 10]
            [--modes eager compile] [--precision auto|bfloat16|float32] [--peak_tflops 989] [--smoke]
 
-What the JAX backend is measured against: the usual PyTorch way to pretrain BERT on one GPU. The model is built from
-a config (nothing downloaded) at the size's shape (BERT-base: L12-H768, 12 heads, FFN 3072), length 128, 20 masked
-positions and NSP, SDPA attention (``attn_implementation="sdpa"``), bfloat16 autocast, fused AdamW and global-norm
-clipping at 1.0 (the JAX step's), dropout 0.1 (BERT's, the JAX bench's default), each batch size run eagerly and
-under ``torch.compile``. The batches are bench_train_jax.py's: ``tpu_pretrain.data.random_data.random_batch``, the
-MLM labels ``-100`` but at the masked positions. FLOPs per sequence are counted by the same formula
-(:func:`tpu_pretrain.models.bert_config.training_flops_per_sequence`): Hugging Face's head computes vocabulary logits
-at every position, and that extra work is printed but not counted, as the JAX model does not do it.
+What the JAX backend is measured against: the usual PyTorch way to pretrain BERT on one GPU. The model is built from a
+config (nothing downloaded) at the size's shape (BERT-base: L12-H768, 12 heads, FFN 3072), length 128, 20 masked
+positions and NSP, the feed-forward activation the package builds from scratch (``--hidden_act``: the modern recipe's
+tanh GELU, as PyTorch's fused ``gelu_pytorch_tanh``), SDPA attention (``attn_implementation="sdpa"``), bfloat16
+autocast, fused AdamW and global-norm clipping at 1.0 (the JAX step's), dropout 0.1 (BERT's, the JAX bench's default),
+each batch size run eagerly and under ``torch.compile``. The batches are bench_train_jax.py's:
+``tpu_pretrain.data.random_data.random_batch``, the MLM labels ``-100`` but at the masked positions. FLOPs per sequence
+are counted by the same formula (:func:`tpu_pretrain.models.bert_config.training_flops_per_sequence`): Hugging Face's
+head computes vocabulary logits at every position, and that extra work is printed but not counted, as the JAX model does
+not do it.
 
 On a CPU: float32 (bfloat16 autocast is slow on most CPUs; ``--precision bfloat16`` forces it), AdamW's fused kernel
 where PyTorch has one for the device (else its foreach kernel, said so). MFU is stated against ``--peak_tflops`` or
@@ -31,10 +33,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from support import parse_args, random_batch  # noqa: E402
 
+from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.peaks import published_peak  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
 
 DISTINCT_BATCHES = 4  # the timed steps cycle through these, already on the device
+# transformers' name for the same function where PyTorch computes it in one kernel (its gelu_new is four ops)
+TORCH_ACTIVATIONS = {"gelu_new": "gelu_pytorch_tanh"}
 
 
 def measured_peak(torch, device, dtype, n: int, seconds: float) -> float:
@@ -84,7 +89,8 @@ def run(torch, args, cfg, device, precision: str, batch: int, mode: str) -> dict
     torch.manual_seed(0)
     config = BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
                         num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-                        hidden_act=cfg.hidden_act, max_position_embeddings=cfg.max_position_embeddings,
+                        hidden_act=TORCH_ACTIVATIONS.get(cfg.hidden_act, cfg.hidden_act),
+                        max_position_embeddings=cfg.max_position_embeddings,
                         type_vocab_size=cfg.type_vocab_size, hidden_dropout_prob=args.dropout,
                         attention_probs_dropout_prob=args.dropout, initializer_range=cfg.initializer_range)
     config._attn_implementation = "sdpa"
@@ -135,6 +141,8 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"),
                         help="auto: bfloat16 autocast on a GPU that has it, float32 on a CPU")
     parser.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's: 0.1)")
+    parser.add_argument("--hidden_act", default=Config().model.hidden_act, choices=("gelu", "gelu_new"),
+                        help="the feed-forward activation (default: the package's from scratch)")
     parser.add_argument("--compile_backend", default="inductor",
                         help="torch.compile's backend (--smoke: aot_eager, no code generation)")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak to state MFU against")
@@ -156,13 +164,14 @@ def main() -> None:
         precision = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    cfg = bert_config_for_size(args.model_size, args.vocab)
+    cfg = bert_config_for_size(args.model_size, args.vocab, hidden_act=args.hidden_act)
     flops = training_flops_per_sequence(cfg, args.seq, args.pred)
     head_extra = 3.0 * (args.seq - args.pred) * (2 * cfg.hidden_size**2 + 2 * cfg.hidden_size * cfg.vocab_size)
     import transformers
 
     print(f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; model "
-          f"{args.model_size}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}, dropout {args.dropout}: "
+          f"{args.model_size}, length {args.seq}, {args.pred} predictions, vocab {args.vocab}, dropout {args.dropout}, "
+          f"{args.hidden_act}: "
           f"{flops / 1e9:.2f} GFLOP per training sequence (Hugging Face's MLM head also does {head_extra / 1e9:.2f} "
           "GFLOP at the unmasked positions, not counted)")
     if device.type == "cpu" and args.precision == "auto":

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any
 
+from .models.bert_config import BERT_ACTIVATIONS
 from .models.families import BERT, FAMILIES
 
 # The steps (subcommands) a setting can belong to.
@@ -154,6 +155,10 @@ class ModelConfig(Section):
                               "(modernbert: a transformers ModernBERT folder).", steps=(TRAIN,))
     hidden_dropout_prob: float = _f(-1.0, "Dropout rate; -1 keeps bert_config's (0.1 for a model_size; modernbert: "
                                     "its config's embedding, attention and MLP dropout).", steps=(TRAIN,))
+    hidden_act: str = _f("gelu", "Feed-forward activation of a BERT built from model_size: gelu (exact, erf: "
+                         "Hugging Face's BERT) or gelu_new (its tanh approximation: Google's BERT repository's; on "
+                         "a GPU computed in the matmul's epilogue). A bert_config_file or checkpoint keeps its own; "
+                         "modernbert: its config's hidden_activation.", choices=BERT_ACTIVATIONS, steps=(TRAIN,))
 
 
 @dataclass
@@ -294,4 +299,5 @@ MODERN_RECIPE: dict[str, Any] = {
     "hidden_dropout_prob": 0.0,  # a single pass over the data does not overfit
     "adam_beta2": 0.98,  # steadier with larger learning rates
     "lr_schedule": "wsd",  # the cool-down can be started in whichever session the user stops
+    "hidden_act": "gelu_new",  # Google's BERT's own; on a GPU the feed-forward GEMM computes it (GPU_NOTES)
 }

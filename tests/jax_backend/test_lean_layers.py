@@ -1,7 +1,8 @@
-"""The layers of :mod:`tpu_pretrain.jax_backend.lean_layers` against what they replace. The exact GELU with its
-hand-written gradient against JAX's own and its autodiff: the same values and gradients, and a backward pass that
-keeps only the input, where autodiff of ``jax.nn.gelu`` keeps three activation-sized tensors. LayerNorm with one-pass
-statistics against Keras's: the same outputs and gradients, with and without its offset, in float32 and bfloat16.
+"""The layers of :mod:`tpu_pretrain.jax_backend.lean_layers` against what they replace. The exact and tanh GELUs with
+their hand-written gradients against JAX's own and float64's: the same values and gradients, and a backward pass that
+keeps only the input, where autodiff of ``jax.nn.gelu`` keeps two or three activation-sized tensors. LayerNorm with
+one-pass statistics against Keras's: the same outputs and gradients, with and without its offset, in float32 and
+bfloat16.
 
 Measured on a CPU (JAX 0.10.2) over [-12, 12]: in float32 the values differ by at most 5.1e-7 (at x = -4.38, where
 the ``erf`` form, PyTorch's and bert4keras's, loses digits to ``1 + erf`` near 0 and JAX's ``erfc`` form does not;
@@ -13,6 +14,7 @@ its rounding; bfloat16 to a step), and a backward pass that adds each input grad
 compiler folds into the GEMMs (``product + total``; autodiff writes ``total + product``, kept for other compilers)."""
 
 import functools
+import math
 from unittest import mock
 
 import numpy as np
@@ -23,44 +25,84 @@ pytest.importorskip("jax")  # in .venv-jax only (tests/jax_backend/conftest.py)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from tpu_pretrain.jax_backend.lean_layers import LayerNorm, exact_gelu, shared_input_projections  # noqa: E402
+from tpu_pretrain.jax_backend.lean_layers import (  # noqa: E402
+    LayerNorm,
+    exact_gelu,
+    shared_input_projections,
+    tanh_gelu,
+)
 from tpu_pretrain.jax_backend.model import activation  # noqa: E402
 
 X = jnp.concatenate([jnp.linspace(-12.0, 12.0, 4001), jnp.array([0.0, -0.0, 1e-6, -1e-6, 30.0, -30.0])])
 
 
-def test_values_and_gradients_are_the_exact_gelus():
-    assert activation("gelu") is exact_gelu
-    want = jax.nn.gelu(X, approximate=False)
-    np.testing.assert_allclose(exact_gelu(X), want, atol=1e-6, rtol=1e-6)
-    slope = jax.vmap(jax.grad(exact_gelu))(X)
-    np.testing.assert_allclose(slope, jax.vmap(jax.grad(lambda x: jax.nn.gelu(x, approximate=False)))(X),
-                               atol=5e-7, rtol=1e-6)
+GELUS = [pytest.param("gelu", exact_gelu, False, id="exact"),
+         pytest.param("gelu_new", functools.partial(tanh_gelu, for_gpu=False), True, id="tanh")]
+
+
+def _slope64(x: np.ndarray, approximate: bool) -> np.ndarray:
+    """The GELU's derivative in float64, from its formula."""
+    if not approximate:
+        return 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    scale = math.sqrt(2 / math.pi)
+    tanh = np.tanh(scale * (x + 0.044715 * x**3))
+    return 0.5 * (1 + tanh) + 0.5 * x * (1 - tanh * tanh) * scale * (1 + 3 * 0.044715 * x * x)
+
+
+@pytest.mark.parametrize("name, gelu, approximate", GELUS)
+def test_values_and_gradients_are_the_gelus(name, gelu, approximate):
+    assert activation(name) is gelu if name == "gelu" else activation(name).func is tanh_gelu
+    want = jax.nn.gelu(X, approximate=approximate)
+    np.testing.assert_allclose(gelu(X), want, atol=1e-6, rtol=1e-6)
+    slope = jax.vmap(jax.grad(gelu))(X)
+    # to float32's rounding (autodiff's tanh form is off by 3.5e-6 where tanh ~ -1: 1 - tanh^2 cancels)
+    np.testing.assert_allclose(slope, _slope64(np.asarray(X, np.float64), approximate), atol=3e-7, rtol=1e-6)
     assert float(slope[-2]) == 1.0 and float(slope[-1]) == 0.0  # far from 0: the identity and zero
 
 
-def test_bfloat16_in_and_out_is_the_float32_answer_rounded_once():
+def test_transformers_names_for_the_tanh_gelu_are_one_function():
+    assert activation("gelu_pytorch_tanh").func is activation("gelu_fast").func is tanh_gelu
+
+
+def test_the_gpus_tanh_gelu_is_jaxs_form_in_the_inputs_dtype():
+    """The form XLA's GEMM rewriter takes into cuBLASLt's epilogue (which computes it in float32 from the GEMM's
+    accumulator); its gradient is the float32 form's."""
     x = X.astype(jnp.bfloat16)
-    out = exact_gelu(x)
+    np.testing.assert_array_equal(tanh_gelu(x, True), jax.nn.gelu(x, approximate=True))
+    np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(tanh_gelu(v, True).astype(jnp.float32)))(x),
+                                  jax.grad(lambda v: jnp.sum(tanh_gelu(v, False).astype(jnp.float32)))(x))
+
+
+@pytest.mark.parametrize("name, gelu, approximate", GELUS)
+def test_bfloat16_in_and_out_is_the_float32_answer_rounded_once(name, gelu, approximate):
+    x = X.astype(jnp.bfloat16)
+    out = gelu(x)
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(out, exact_gelu(x.astype(jnp.float32)).astype(jnp.bfloat16))
-    np.testing.assert_allclose(out.astype(jnp.float32), jax.nn.gelu(x.astype(jnp.float32), approximate=False),
+    np.testing.assert_allclose(out.astype(jnp.float32), jax.nn.gelu(x.astype(jnp.float32), approximate=approximate),
                                atol=2e-6, rtol=4e-3)  # half a bfloat16 step
-    grad = jax.grad(lambda v: jnp.sum(exact_gelu(v).astype(jnp.float32)))(x)
+    grad = jax.grad(lambda v: jnp.sum(gelu(v).astype(jnp.float32)))(x)
     assert grad.dtype == jnp.bfloat16
-    want = jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=False)))(x.astype(jnp.float32))
+    want = jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=approximate)))(x.astype(jnp.float32))
     np.testing.assert_allclose(grad.astype(jnp.float32), want, atol=4e-3, rtol=8e-3)  # one bfloat16 step
 
 
-def test_the_backward_pass_keeps_only_the_input():
+@pytest.mark.parametrize("name, gelu, approximate", GELUS)
+def test_away_from_a_gpu_the_gelus_are_computed_in_float32(name, gelu, approximate):
+    x = X.astype(jnp.bfloat16)
+    np.testing.assert_array_equal(gelu(x), gelu(x.astype(jnp.float32)).astype(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("name, gelu, approximate", GELUS)
+def test_the_backward_pass_keeps_only_the_input(name, gelu, approximate):
+    """What lets a GPU's GEMM compute the tanh GELU in its epilogue (keeping the input as its auxiliary output)."""
     x = jnp.ones((4, 3072), jnp.bfloat16)
 
     def kept(f):
         residuals = jax.eval_shape(lambda v: jax.vjp(f, v)[1], x)
         return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(residuals))
 
-    assert kept(exact_gelu) == x.size * 2
-    assert kept(lambda v: jax.nn.gelu(v, approximate=False)) >= 3 * x.size * 2  # what it replaces
+    assert kept(gelu) == x.size * 2
+    assert kept(lambda v: jax.nn.gelu(v, approximate=approximate)) >= 2 * x.size * 2  # what it replaces
 
 
 def _rows(dtype):
@@ -171,33 +213,38 @@ def test_shared_input_projections_accumulate_each_input_gradient_onto_the_last()
 
 
 def test_a_model_takes_the_forms_of_the_platform_its_mesh_is_on():
-    """The platform-specific forms (here the token table's: gathered in float32 for a GPU, cast to bfloat16 first
-    elsewhere) follow the platform the step is compiled for (``devices.target_platform``): the trainer's mesh's, not
-    the process's backend, so a TPU's step planned on a GPU machine is the TPU's; without a mesh, the backend's."""
+    """The platform-specific forms (the token table's: gathered in float32 for a GPU, cast to bfloat16 first
+    elsewhere; the tanh GELU's: in bfloat16 for a GPU's GEMM epilogue, float32 elsewhere) follow the platform the
+    step is compiled for (``devices.target_platform``): the trainer's mesh's, not the process's backend, so a TPU's
+    step planned on a GPU machine is the TPU's; without a mesh, the backend's."""
     from jax.sharding import Mesh
 
     from tpu_pretrain.jax_backend.model import build_model
     from tpu_pretrain.models.bert_config import bert_config_for_size
 
-    model = build_model(bert_config_for_size("L2-H128", 100), 16, 4, with_nsp=False, dtype="mixed_bfloat16")
+    model = build_model(bert_config_for_size("L2-H128", 100, hidden_act="gelu_new"), 16, 4, with_nsp=False,
+                        dtype="mixed_bfloat16")
     ids = jnp.tile(jnp.arange(1, 17), (2, 1))
     weights = [v.value for v in model.trainable_variables]
     others = [v.value for v in model.non_trainable_variables]
 
-    def gathered_tables():
+    def forms():
+        """The dtypes of the gathered tables, and of the tanhs."""
         def loss(w):
             outputs = model.stateless_call(w, others, [ids, jnp.zeros_like(ids), jnp.zeros((2, 4), jnp.int32)])[0]
             return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree_util.tree_leaves(outputs))
 
-        return {str(e.invars[0].aval.dtype) for e in _equations(jax.make_jaxpr(jax.grad(loss))(weights).jaxpr)
-                if e.primitive.name == "gather"}
+        equations = list(_equations(jax.make_jaxpr(jax.grad(loss))(weights).jaxpr))
+        return tuple({str(e.invars[0].aval.dtype) for e in equations if e.primitive.name == name}
+                     for name in ("gather", "tanh"))
 
+    gpu = ({"float32"}, {"bfloat16"})
     with mock.patch("jax.default_backend", lambda: "gpu"):  # a GPU machine
-        assert gathered_tables() == {"float32"}  # no mesh: the process's backend
+        assert forms() == gpu  # no mesh: the process's backend
         model.data_mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("data",))  # compiled for the mesh's devices
-        assert gathered_tables() == {"bfloat16"}
+        assert forms() == ({"bfloat16"}, {"float32"})
     model.data_mesh = None
-    assert gathered_tables() == {"bfloat16"}
+    assert forms() == ({"bfloat16"}, {"float32"})
 
 
 def _equations(jaxpr):

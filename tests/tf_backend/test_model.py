@@ -67,3 +67,16 @@ def test_named_sizes_and_config_files(tmp_path):
     assert resolve_bert_config(bert_config_file=str(path), vocab_size=500).hidden_size == 256
     with pytest.raises(UserInputError, match="vocab"):
         resolve_bert_config(bert_config_file=str(path), vocab_size=501)
+
+
+@pytest.mark.parametrize("hidden_act, approximate", [("gelu", False), ("gelu_new", True)])
+def test_the_feed_forward_and_head_compute_the_gelu_named(hidden_act, approximate):
+    """``gelu`` is the exact GELU and ``gelu_new`` the tanh one in both backends (bert4keras calls it gelu_tanh)."""
+    built = build_pretraining_model(bert_config_for_size("L2-H128", 300, hidden_act=hidden_act), max_seq_length=16,
+                                    max_predictions_per_seq=4, with_nsp=False)
+    x = tf.constant(np.linspace(-6.0, 6.0, 1201), tf.float32)
+    want = tf.nn.gelu(x, approximate=approximate).numpy()
+    for f in (*built.bert.layers["Transformer-0-FeedForward"].activation, built.bert.layers["MLM-Dense"].activation):
+        np.testing.assert_allclose(f(x).numpy(), want, atol=2e-6)
+    other = tf.nn.gelu(x, approximate=not approximate).numpy()
+    assert np.abs(want - other).max() > 1e-4  # the two differ where the test can see it

@@ -280,7 +280,7 @@ def shape_request(config: Config, data: DataInfo, vocab: Vocab | None, vocab_to_
                         tokenizer_json=bool(vocab and vocab.is_tokenizer_json),
                         vocab_setting=vocab.setting if vocab else "", vocab_source=str(vocab.source) if vocab else "",
                         vocab_to_come=vocab_to_come, max_position_embeddings=m.max_position_embeddings,
-                        dropout=m.hidden_dropout_prob)
+                        dropout=m.hidden_dropout_prob, activation=m.hidden_act)
 
 
 def positions_of_the_run(config: Config) -> None:

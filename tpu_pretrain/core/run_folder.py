@@ -278,6 +278,10 @@ def continued_config(given: dict[str, Any], config_file: str | None = None) -> C
         for name, f in all_fields().items():
             if f.metadata.get("launch"):
                 given.setdefault(name, f.default)
+        recorded = Config.from_file(saved).explicit
+        for name in RECORDED_SINCE:  # a run from before the setting: what it trained with, not the recipe's value
+            if name not in recorded:
+                given.setdefault(name, SETTINGS_BEFORE_THEY_EXISTED[name])
     return Config.load(config_file, **given)
 
 
@@ -305,7 +309,9 @@ def describe_run(record: dict) -> str:
 
 
 # Settings whose default changed after they were added: the value a run that did not record them trained with.
-SETTINGS_BEFORE_THEY_EXISTED = {"backend": "tensorflow", "document_masks": "off"}
+SETTINGS_BEFORE_THEY_EXISTED = {"backend": "tensorflow", "document_masks": "off", "hidden_act": "gelu"}
+# Of those, the ones a continued run takes from here where its config.json lacks them (the others' ``auto`` decides)
+RECORDED_SINCE = ("hidden_act",)
 
 
 def backend_in_settings(settings: dict) -> str | None:

@@ -12,7 +12,7 @@ checkpoints' folder format and their mirror are the core's (:mod:`..core`), shar
 - ``model``: BERT in Keras 3 layers, and its weights by Google's checkpoint names; ``modernbert``: ModernBERT in
   Keras 3 layers (transformers' ``ModernBertForMaskedLM``), its weights by transformers' names.
 - ``lookups``: embeddings and gathers whose gradients a GPU computes fast (a float32 gather, one-hot matmuls).
-- ``lean_layers``: the exact GELU, LayerNorm and the query/key/value projections in forms whose compiled step moves
+- ``lean_layers``: the GELUs, LayerNorm and the query/key/value projections in forms whose compiled step moves
   fewer bytes than Keras's.
 - ``documents``: documents in packed rows as model math: each token's document and its position within it.
 - ``attention``: which attention path a model takes (cuDNN on the GPUs that take it, XLA, splash, explicit), and

@@ -16,6 +16,8 @@ Attention: :mod:`.attention`.
 
 from __future__ import annotations
 
+import functools
+
 from . import select_keras_backend
 
 select_keras_backend()
@@ -28,7 +30,7 @@ from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from .attention import attention_mask, attention_path, explicit_attention, masked_attention, say_path  # noqa: E402
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, exact_gelu, shared_input_projections  # noqa: E402
+from .lean_layers import LayerNorm, exact_gelu, shared_input_projections, tanh_gelu  # noqa: E402
 from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows  # noqa: E402
 
 
@@ -54,13 +56,14 @@ def keep_tensorflow_out() -> None:
 keep_tensorflow_out()
 
 
-def activation(name: str):
-    """BERT's activation names: ``gelu`` is the exact (erf) GELU (:func:`exact_gelu`), as in Google's BERT and
-    bert4keras."""
+def activation(name: str, for_gpu: bool = False):
+    """BERT's activation names: ``gelu`` is the exact (erf) GELU (:func:`exact_gelu`), as in Hugging Face's BERT and
+    bert4keras; ``gelu_new`` (and transformers' other names for it) the tanh approximation (:func:`tanh_gelu`, in
+    the form a GPU's GEMM computes where ``for_gpu``)."""
     if name == "gelu":
         return exact_gelu
     if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
-        return lambda x: keras.activations.gelu(x, approximate=True)
+        return functools.partial(tanh_gelu, for_gpu=for_gpu)
     return keras.activations.get(name)
 
 
@@ -102,7 +105,8 @@ class TransformerBlock(keras.layers.Layer):
         self.query, self.key, self.value = (make.dense(h, n) for n in ("query", "key", "value"))
         self.attention_output = make.dense(h, "attention_output")
         self.attention_norm = make.norm("attention_norm")
-        self.intermediate = make.dense(config.intermediate_size, "intermediate", activation(config.hidden_act))
+        self.intermediate = make.dense(config.intermediate_size, "intermediate")
+        self.hidden_act = config.hidden_act
         self.output_dense = make.dense(h, "output")
         self.output_norm = make.norm("output_norm")
         self.attention_dropout = make.dropout(config.attention_probs_dropout_prob)
@@ -141,7 +145,8 @@ class TransformerBlock(keras.layers.Layer):
     def call(self, x, attend, documents=None, training=False, mesh=None):
         context, x = self.context(x, attend, documents, training, mesh)
         x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training))
-        ffn = self.output_dense(self.intermediate(x))
+        gelu = activation(self.hidden_act, target_platform(mesh) == "gpu")
+        ffn = self.output_dense(gelu(self.intermediate(x)))
         return self.output_norm(x + self.ffn_dropout(ffn, training=training))
 
 
@@ -181,7 +186,8 @@ class PretrainingBert(keras.Model):
         self.embedding_dropout = make.dropout(config.hidden_dropout_prob)
         self.blocks = [TransformerBlock(config, make, self.attention, name=f"layer_{i}")
                        for i in range(config.num_hidden_layers)]
-        self.mlm_dense = make.dense(h, "mlm_dense", activation(config.hidden_act))
+        self.mlm_dense = make.dense(h, "mlm_dense")
+        self.hidden_act = config.hidden_act
         self.mlm_norm = make.norm("mlm_norm")
         self.mlm_bias = Bias(name="mlm_bias", dtype=dtype)
         if with_nsp:
@@ -208,7 +214,8 @@ class PretrainingBert(keras.Model):
     def call(self, inputs, training=False):
         input_ids, segment_ids, positions = inputs
         sequence = self.encode(input_ids, segment_ids, training)
-        x = self.mlm_norm(self.mlm_dense(one_hot_rows(sequence, ops.cast(positions, "int32"))))
+        gelu = activation(self.hidden_act, target_platform(self.data_mesh) == "gpu")
+        x = self.mlm_norm(gelu(self.mlm_dense(one_hot_rows(sequence, ops.cast(positions, "int32")))))
         embeddings = ops.cast(self.token_embedding.embeddings, self.compute_dtype)
         mlm_logits = ops.cast(self.mlm_bias(ops.matmul(x, ops.transpose(embeddings))), "float32")
         if not self.with_nsp:

@@ -22,6 +22,9 @@ NAMED_SIZES: dict[str, tuple[int, int]] = {
 NAMED_SIZES["L24-H1024"] = (24, 1024)
 SIZE_ALIASES = {"tiny": "L2-H128", "mini": "L4-H256", "small": "L4-H512", "medium": "L8-H512",
                 "base": "L12-H768", "large": "L24-H1024"}
+# The feed-forward activations a BERT is built with from a size, by Hugging Face's names: ``gelu`` the exact (erf)
+# GELU, ``gelu_new`` its tanh approximation (Google's BERT repository's, GPT-2's). Either backend builds both.
+BERT_ACTIVATIONS = ("gelu", "gelu_new")
 
 
 def read_config_json(path: str | os.PathLike, what: str) -> dict:
@@ -92,11 +95,12 @@ def named_shape(model_size: str) -> tuple[int, int, int, int]:
     return layers, hidden, 4 * hidden, hidden // 64
 
 
-def bert_config_for_size(model_size: str, vocab_size: int, max_position_embeddings: int = 512) -> BertConfig:
+def bert_config_for_size(model_size: str, vocab_size: int, max_position_embeddings: int = 512,
+                         hidden_act: str = "gelu") -> BertConfig:
     """A named size (:func:`named_shape`) as a BertConfig."""
     layers, hidden, inner, heads = named_shape(model_size)
     return BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=heads, intermediate_size=inner,
+                      num_attention_heads=heads, intermediate_size=inner, hidden_act=hidden_act,
                       max_position_embeddings=max_position_embeddings)
 
 
@@ -112,9 +116,9 @@ def checkpoint_bert_config(init_checkpoint: str) -> BertConfig | None:
 
 def resolve_bert_config(*, model_size: str = "", bert_config_file: str = "", init_checkpoint: str = "",
                         vocab_size: int | None = None, max_position_embeddings: int = 0,
-                        hidden_dropout_prob: float = -1.0) -> BertConfig:
+                        hidden_dropout_prob: float = -1.0, hidden_act: str = "gelu") -> BertConfig:
     """Pick the model's shape: bert_config_file, else the init checkpoint's config, else model_size (with
-    ``max_position_embeddings`` positions; 0: BERT's 512)."""
+    ``max_position_embeddings`` positions, 0: BERT's 512, and ``hidden_act``)."""
     if bert_config_file:
         config = BertConfig.from_json_file(bert_config_file)
     elif init_checkpoint and checkpoint_bert_config(init_checkpoint):
@@ -123,7 +127,7 @@ def resolve_bert_config(*, model_size: str = "", bert_config_file: str = "", ini
         if not vocab_size:
             raise UserInputError("model_size needs the vocab size: give vocab_file or a data_dir with a "
                                  "manifest.json.")
-        config = bert_config_for_size(model_size, vocab_size, max_position_embeddings or 512)
+        config = bert_config_for_size(model_size, vocab_size, max_position_embeddings or 512, hidden_act)
     else:
         raise UserInputError("Say which model to build: --model_size (e.g. L4-H256) or --bert_config_file.")
     if vocab_size and config.vocab_size != vocab_size:

@@ -26,6 +26,7 @@ class ShapeRequest:
     vocab_to_come: bool = False  # planned before the vocab is made: vocab_tokens are the special tokens it starts with
     max_position_embeddings: int = 0  # 0: the family's own
     dropout: float = -1.0  # < 0: the shape's own
+    activation: str = "gelu"  # a BERT's built from model_size (one from a file keeps its own)
 
 
 def bert_shape(request: ShapeRequest) -> BertConfig:
@@ -41,7 +42,7 @@ def bert_shape(request: ShapeRequest) -> BertConfig:
     return resolve_bert_config(model_size=request.model_size, bert_config_file=request.config_file,
                                init_checkpoint=request.init_checkpoint, vocab_size=request.vocab_size,
                                max_position_embeddings=request.max_position_embeddings,
-                               hidden_dropout_prob=request.dropout)
+                               hidden_dropout_prob=request.dropout, hidden_act=request.activation)
 
 
 def modernbert_shape(request: ShapeRequest) -> ModernBertConfig:

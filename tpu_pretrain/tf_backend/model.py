@@ -177,6 +177,11 @@ class PretrainingModel:
     with_nsp: bool
 
 
+# bert4keras's names for BERT's activations: its "gelu" is the exact one, the tanh approximation (transformers'
+# three names for one function) is "gelu_tanh"
+BERT4KERAS_ACTIVATIONS = dict.fromkeys(("gelu_new", "gelu_fast", "gelu_pytorch_tanh"), "gelu_tanh")
+
+
 def build_pretraining_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,
                             with_nsp: bool = True) -> PretrainingModel:
     """Build (in the current strategy scope) BERT with static shapes, as TPUs need."""
@@ -189,7 +194,7 @@ def build_pretraining_model(config: BertConfig, max_seq_length: int, max_predict
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
+        hidden_act=BERT4KERAS_ACTIVATIONS.get(config.hidden_act, config.hidden_act),
         dropout_rate=config.hidden_dropout_prob,
         attention_dropout_rate=config.attention_probs_dropout_prob,
         max_position=config.max_position_embeddings,
