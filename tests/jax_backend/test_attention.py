@@ -196,3 +196,40 @@ def test_cudnn_is_taken_on_an_ampere_or_newer_gpu_only():
         fused_attention(q, k, v, attend(), "auto", mesh=a100)
     with pytest.raises(UserInputError, match=r"compute capability 8.0 or newer.*Tesla T4 has 7.5"):
         fused_attention(q, k, v, attend(), "cudnn", mesh=t4)
+
+
+@pytest.mark.parametrize("path", ["xla", "explicit"])
+def test_the_keys_bias_is_left_out_for_softmax_does_not_see_it(models, path):
+    """The key's bias adds ``q . bias`` to every score of a query's row, which softmax cancels: each block leaves it
+    out (and with it a reduction per block in the backward pass), giving what attention with it gives (a large bias
+    here, padding masked), and the gradient reaching it is exactly zero, where computing it gave rounding noise that
+    AdamW turned into steps of the learning rate's size."""
+    config, explicit, _ = models
+    model = build_model(config, T, 3, attention=path)
+    assign_stored_weights(model, stored_weights(explicit), "the explicit model")
+    block = model.blocks[0]
+    block.key.bias.assign(np.random.default_rng(5).normal(0.0, 3.0, block.key.bias.shape).astype(np.float32))
+    x = jnp.asarray(np.random.default_rng(6).normal(0.0, 1.0, (B, T, config.hidden_size)).astype(np.float32))
+    attend = jnp.asarray(np.arange(T)[None] < np.array(LENGTHS)[:, None])
+    context, _ = block.context(x, attend)
+
+    def heads(layer, with_bias=True):
+        projected = x @ layer.kernel.value + (layer.bias.value if with_bias else 0.0)
+        return projected.reshape(B, T, config.num_attention_heads, -1)
+
+    want = explicit_attention(heads(block.query), heads(block.key), heads(block.value), attend).reshape(B, T, -1)
+    np.testing.assert_allclose(np.asarray(context), np.asarray(want), atol=2e-5, rtol=0)
+
+    ids, segments, positions = batch()
+    weights = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+
+    def loss(w):
+        outputs = model.stateless_call(w, others, [ids, segments, positions])[0]
+        return sum(jnp.sum(o) for o in jax.tree_util.tree_leaves(outputs))
+
+    grads = dict(zip([v.path for v in model.trainable_variables], jax.grad(loss)(weights), strict=True))
+    key_biases = [path for path in grads if "/key/" in path and path.endswith("bias")]
+    assert len(key_biases) == config.num_hidden_layers
+    assert all(not np.any(np.asarray(grads[path])) for path in key_biases)
+    assert all(np.any(np.asarray(grads[path])) for path in grads if "/query/" in path)  # the others flow

@@ -120,7 +120,8 @@ class LayerNorm(keras.layers.LayerNormalization):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def shared_input_projections(x, kernels, biases, for_gpu: bool):
-    """``x @ kernel + bias`` for each pair (``biases`` None: no biases), then ``x`` itself: one input projected several
+    """``x @ kernel + bias`` for each pair (``biases`` None: no biases; a bias None: none for that product, and no
+    reduction for its gradient), then ``x`` itself: one input projected several
     ways (the query, key and value), whose gradient adds each projection's input gradient to the running total as
     ``product + total`` when compiled ``for_gpu`` (the caller asks :func:`.devices.target_platform`).
 
@@ -155,8 +156,9 @@ def _shared_input_projections_backward(for_gpu, residuals, cotangents):
         product = jax.lax.dot_general(grad, kernel, (((features,), (1,)), ((), ())))
         total = product + total if for_gpu else total + product  # the order each compiler does best with
     kernel_grads = tuple(jax.lax.dot_general(x, grad, ((leading, leading), ((), ()))) for grad in grads)
-    bias_grads = None if biases is None else tuple(jnp.sum(grad, axis=leading, dtype=jnp.float32).astype(grad.dtype)
-                                                  for grad in grads)
+    bias_grads = None if biases is None else tuple(
+        None if bias is None else jnp.sum(grad, axis=leading, dtype=jnp.float32).astype(grad.dtype)
+        for grad, bias in zip(grads, biases, strict=True))
     return total.astype(x.dtype), kernel_grads, bias_grads
 
 
