@@ -101,7 +101,11 @@ from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, time_tr
 from support import parse_args  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
-from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
+from tpu_pretrain.models.bert_config import (  # noqa: E402
+    BERT_ACTIVATIONS,
+    bert_config_for_size,
+    training_flops_per_sequence,
+)
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "pallas_layernorm", "pallas_attention")
@@ -121,7 +125,7 @@ def variant(name: str) -> contextlib.ExitStack:
 
     changes, patches = name.split("+"), contextlib.ExitStack()
     exact = model.activation
-    gelu = ("gelu", "gelu_new")
+    gelu = BERT_ACTIVATIONS
     if "keras_gelu" in changes:
         patches.enter_context(mock.patch.object(model, "activation", lambda act, for_gpu=False: (
             (lambda x: keras.activations.gelu(x, approximate=False)) if act in gelu else exact(act, for_gpu))))

@@ -35,7 +35,11 @@ from support import parse_args, random_batch  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.core.peaks import published_peak  # noqa: E402
-from tpu_pretrain.models.bert_config import bert_config_for_size, training_flops_per_sequence  # noqa: E402
+from tpu_pretrain.models.bert_config import (  # noqa: E402
+    BERT_ACTIVATIONS,
+    bert_config_for_size,
+    training_flops_per_sequence,
+)
 
 DISTINCT_BATCHES = 4  # the timed steps cycle through these, already on the device
 # transformers' name for the same function where PyTorch computes it in one kernel (its gelu_new is four ops)
@@ -141,7 +145,7 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"),
                         help="auto: bfloat16 autocast on a GPU that has it, float32 on a CPU")
     parser.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's: 0.1)")
-    parser.add_argument("--hidden_act", default=Config().model.hidden_act, choices=("gelu", "gelu_new"),
+    parser.add_argument("--hidden_act", default=Config().model.hidden_act, choices=BERT_ACTIVATIONS,
                         help="the feed-forward activation (default: the package's from scratch)")
     parser.add_argument("--compile_backend", default="inductor",
                         help="torch.compile's backend (--smoke: aot_eager, no code generation)")

@@ -213,9 +213,8 @@ def test_the_keys_bias_is_left_out_for_softmax_does_not_see_it(models, path):
     attend = jnp.asarray(np.arange(T)[None] < np.array(LENGTHS)[:, None])
     context, _ = block.context(x, attend)
 
-    def heads(layer, with_bias=True):
-        projected = x @ layer.kernel.value + (layer.bias.value if with_bias else 0.0)
-        return projected.reshape(B, T, config.num_attention_heads, -1)
+    def heads(layer):  # with its bias, the key's included
+        return (x @ layer.kernel.value + layer.bias.value).reshape(B, T, config.num_attention_heads, -1)
 
     want = explicit_attention(heads(block.query), heads(block.key), heads(block.value), attend).reshape(B, T, -1)
     np.testing.assert_allclose(np.asarray(context), np.asarray(want), atol=2e-5, rtol=0)

@@ -25,7 +25,7 @@ select_keras_backend()
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from ..models.bert_config import BertConfig  # noqa: E402
+from ..models.bert_config import TANH_GELU_NAMES, BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
 from .attention import attention_mask, attention_path, explicit_attention, masked_attention, say_path  # noqa: E402
 from .devices import target_platform  # noqa: E402
@@ -62,7 +62,7 @@ def activation(name: str, for_gpu: bool = False):
     the form a GPU's GEMM computes where ``for_gpu``)."""
     if name == "gelu":
         return exact_gelu
-    if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
+    if name in TANH_GELU_NAMES:
         return functools.partial(tanh_gelu, for_gpu=for_gpu)
     return keras.activations.get(name)
 

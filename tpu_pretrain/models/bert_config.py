@@ -25,6 +25,8 @@ SIZE_ALIASES = {"tiny": "L2-H128", "mini": "L4-H256", "small": "L4-H512", "mediu
 # The feed-forward activations a BERT is built with from a size, by Hugging Face's names: ``gelu`` the exact (erf)
 # GELU, ``gelu_new`` its tanh approximation (Google's BERT repository's, GPT-2's). Either backend builds both.
 BERT_ACTIVATIONS = ("gelu", "gelu_new")
+# transformers' three names for the tanh GELU, one function (a config file or checkpoint may name any of them)
+TANH_GELU_NAMES = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh")
 
 
 def read_config_json(path: str | os.PathLike, what: str) -> dict:

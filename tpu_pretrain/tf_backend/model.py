@@ -31,7 +31,7 @@ from bert4keras.backend import align, attention_normalize
 from bert4keras.layers import Dense, Dropout, Embedding, Lambda, LayerNormalization, MultiHeadAttention, ScaleOffset
 from bert4keras.models import BERT
 
-from ..models.bert_config import BertConfig
+from ..models.bert_config import TANH_GELU_NAMES, BertConfig
 
 keras = tf.keras
 
@@ -177,9 +177,8 @@ class PretrainingModel:
     with_nsp: bool
 
 
-# bert4keras's names for BERT's activations: its "gelu" is the exact one, the tanh approximation (transformers'
-# three names for one function) is "gelu_tanh"
-BERT4KERAS_ACTIVATIONS = dict.fromkeys(("gelu_new", "gelu_fast", "gelu_pytorch_tanh"), "gelu_tanh")
+# bert4keras's names for BERT's activations: its "gelu" is the exact one, the tanh approximation is "gelu_tanh"
+BERT4KERAS_ACTIVATIONS = dict.fromkeys(TANH_GELU_NAMES, "gelu_tanh")
 
 
 def build_pretraining_model(config: BertConfig, max_seq_length: int, max_predictions_per_seq: int,
