@@ -41,10 +41,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   H100: 0.949x, i.e. the package's 1.054x).
 - ``keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger``: the step before these six
   (commit 961c978's).
-- ``pallas_layernorm``: a candidate, not in the package: the norms by two Pallas (Triton) kernels of
-  :mod:`pallas_layernorm` on a GPU (a pass over the rows each way, the weights' gradients as partial sums), where the
-  H100 measured XLA's at 7.4 ms of a 53 ms step. Estimated 42.2 -> 40.6 ms (1.041x; the residual copies go too);
-  measured on an H100 with XLA's Triton GEMMs still on, 1.016x.
+- ``xla_layernorm``: ``TPU_PRETRAIN_LAYERNORM=xla``, XLA's compile of the package's one-pass norm on a GPU too, i.e.
+  the package before its two Pallas (Triton) kernels (:mod:`tpu_pretrain.jax_backend.gpu_layer_norm`: a pass over
+  the rows each way, the weights' gradients as partial sums), where the H100 measured XLA's norms at 7.4 ms of a 53 ms
+  step. Measured on an H100 as a candidate, with XLA's Triton GEMMs still on: 1.016x (the kernels'); estimated under
+  jax 0.11.2 for the package's step since: 40.1 (this) -> 38.4 ms, the residual copies gone too.
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128): measured on an H100, 0.807x.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
@@ -108,7 +109,7 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 )
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
-           "triton_gemm", "xla_attention", "remat", "exact_gelu", "pallas_layernorm", "pallas_attention")
+           "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "pallas_attention")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -133,7 +134,8 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(model, "activation", lambda act, for_gpu=False: (
             exact("gelu" if act in gelu else act, for_gpu))))
     if "keras_layernorm" in changes:
-        patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", keras.layers.LayerNormalization.call))
+        patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", lambda self, inputs, mesh=None: (
+            keras.layers.LayerNormalization.call(self, inputs))))
     if "autodiff_loss" in changes:
         def autodiff(logits, labels):
             log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
@@ -148,9 +150,8 @@ def variant(name: str) -> contextlib.ExitStack:
     if "norm_per_gradient" in changes:
         patches.enter_context(mock.patch.object(step, "global_norm", lambda grads: jnp.sqrt(
             sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))))
-    if "pallas_layernorm" in changes:
-        norm = pallas_norm_call(lean_layers.LayerNorm.call)
-        patches.enter_context(mock.patch.object(lean_layers.LayerNorm, "call", norm))
+    if "xla_layernorm" in changes:
+        patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_LAYERNORM": "xla"}))
     for change, option in (("dot_merger", "xla_gpu_dot_merger_threshold_mb"),
                            ("triton_gemm", "xla_gpu_enable_triton_gemm")):
         if change in changes:  # XLA's default again: the package's option left out
@@ -183,22 +184,6 @@ def pallas_attention(masked, interpret: bool = False):
                                     interpret=interpret)
 
     return call
-
-
-def pallas_norm_call(call):
-    """``LayerNorm.call`` by :mod:`pallas_layernorm`'s two Triton kernels where it applies (a GPU, a norm the one-pass
-    form applies to, with a scale; no offset: zeros), else ``call`` (``pallas_layernorm``)."""
-    import jax
-    import jax.numpy as jnp
-    import pallas_layernorm
-
-    def norm(self, inputs):
-        if jax.default_backend() != "gpu" or self.gamma is None or not self.one_pass_applies(inputs):
-            return call(self, inputs)
-        beta = self.beta.value if self.beta is not None else jnp.zeros_like(self.gamma.value)
-        return pallas_layernorm.layer_norm(inputs.astype(self.compute_dtype), self.gamma.value, beta, self.epsilon)
-
-    return norm
 
 
 def remat_call(call):
@@ -271,7 +256,8 @@ def gpu_estimate(name: str, config: Config, target: str) -> dict:
         trainer = trainer_for(config, devices)
         t = trainer.config.train
         trainer.set_batch(t.train_batch_size, t.gradient_accumulation_steps)
-        compiled = lower_step(trainer).compile()
+        with gpu_targets.lowering_for(devices):
+            compiled = lower_step(trainer).compile()
         trainer.close()
     found = hlo_roofline.kernels(compiled.as_text())
     return {**hlo_roofline.estimate(found, hlo_roofline.CARDS[target]),

@@ -84,3 +84,11 @@ def compiling_for(target: str):
     # bfloat16 where native, else float16 as a T4's users ask for it (--mixed_precision float16: loss scaled)
     precision = "bfloat16" if compute_at_least(devices[0], 8.0) else "float16"
     yield Devices("gpu", devices, precision, abstract=True)
+
+
+def lowering_for(devices):
+    """While a step compiled for ``devices`` (described) is lowered: the described card as JAX's default device,
+    which Pallas's Triton lowering (jax 0.11) asks which GPU it lowers for (the package's LayerNorm kernels)."""
+    import jax
+
+    return jax.default_device(devices.devices[0])

@@ -50,6 +50,9 @@ ENVIRONMENT_OVERRIDES = {
     "TPU_PRETRAIN_ATTENTION": "The JAX model's attention path: auto (default: cuDNN's fused kernel on a GPU in "
                               "bfloat16/float16, XLA's fused attention elsewhere), xla, cudnn, or explicit (matmul, "
                               "softmax, matmul); for comparing them.",
+    "TPU_PRETRAIN_LAYERNORM": "The JAX model's LayerNorm: auto (default: two Pallas Triton kernels on a GPU of compute "
+                              "capability 8.0+, XLA's norm elsewhere), xla, or pallas (Pallas's interpreter off a "
+                              "GPU: tests).",
 }
 
 

@@ -18,6 +18,7 @@ checkpoints' folder format and their mirror are the core's (:mod:`..core`), shar
 - ``attention``: which attention path a model takes (cuDNN on the GPUs that take it, XLA, splash, explicit), and
   each path.
 - ``splash``: attention on a TPU by JAX's splash kernel (global, sliding window, documents as segment ids).
+- ``gpu_layer_norm``: LayerNorm on a GPU of compute capability 8.0+ as two Pallas Triton kernels, a pass each way.
 - ``step``: the training step as pure functions: the MLM/NSP loss, accumulated gradients, clipping, AdamW and
   LAMB with BERT's schedule, float16's loss scale.
 - ``input``: the shards read without TensorFlow, in an order that is a pure function of (seed, records consumed);

@@ -19,6 +19,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..core.device_decision import DeviceDecision, FoundDevices
 from ..errors import UserInputError
 
+try:  # jax >= 0.6
+    from jax import shard_map as _shard_map
+
+    _UNCHECKED = {"check_vma": False}
+except ImportError:  # pragma: no cover - older JAX
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+    _UNCHECKED = {"check_rep": False}
+
 AXIS = "data"
 # XLA's options for a GPU's steps. The dot merger joins GEMMs that share an operand: jax 0.11.2 (an H100's) joins each
 # block's query and key projections and concatenates their gradients to feed the joined weight gradient (off: 1.016x
@@ -114,6 +123,12 @@ def fetch(tree):
             return np.asarray(x.addressable_data(0))
         return np.asarray(jax.device_get(x))
     return jax.tree.map(one, tree)
+
+
+def per_device(f, mesh, in_specs, out_specs):
+    """``f`` run by each device of ``mesh`` on its own blocks of the operands (``shard_map``, unchecked: the Pallas
+    kernels run this way declare nothing of how their results vary over the devices)."""
+    return _shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **_UNCHECKED)
 
 
 def _supports_bfloat16(device) -> bool:

@@ -22,6 +22,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 
+from . import gpu_layer_norm  # noqa: E402
+
 
 def _gelu32(x):
     return 0.5 * x * (1.0 + jax.lax.erf(x * math.sqrt(0.5)))
@@ -99,9 +101,14 @@ class LayerNorm(keras.layers.LayerNormalization):
         axes = self.axis if isinstance(self.axis, list | tuple) else [self.axis]
         return not self.rms_scaling and [a % inputs.ndim for a in axes] == [inputs.ndim - 1]
 
-    def call(self, inputs):
+    def call(self, inputs, mesh=None):
+        """``mesh``: the devices compiled for (None: this process's); on a GPU of compute capability 8.0+ the norm is
+        :mod:`.gpu_layer_norm`'s two Pallas kernels (``TPU_PRETRAIN_LAYERNORM``)."""
         if not self.one_pass_applies(inputs):
             return super().call(inputs)
+        if self.gamma is not None and gpu_layer_norm.applies(mesh):
+            return gpu_layer_norm.layer_norm(inputs.astype(self.compute_dtype), self.gamma.value,
+                                             None if self.beta is None else self.beta.value, self.epsilon, mesh)
         x = inputs.astype(jnp.float32)
         # a value of the row, near its mean: the difference of moments below then loses few digits; the result does
         # not depend on which value it is, so no gradient flows through it (autodiff would add a pass for zeros)

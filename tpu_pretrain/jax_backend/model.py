@@ -147,10 +147,10 @@ class TransformerBlock(keras.layers.Layer):
 
     def call(self, x, attend, documents=None, training=False, mesh=None):
         context, x = self.context(x, attend, documents, training, mesh)
-        x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training))
+        x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training), mesh=mesh)
         gelu = activation(self.hidden_act, target_platform(mesh) == "gpu")
         ffn = self.output_dense(gelu(self.intermediate(x)))
-        return self.output_norm(x + self.ffn_dropout(ffn, training=training))
+        return self.output_norm(x + self.ffn_dropout(ffn, training=training), mesh=mesh)
 
 
 class Bias(keras.layers.Layer):
@@ -209,7 +209,7 @@ class PretrainingBert(keras.Model):
             x = x + self.position_embedding(ops.arange(length))[None]
         else:
             x = x + self.position_embedding(document_positions(documents))
-        x = self.embedding_dropout(self.embedding_norm(x), training=training)
+        x = self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training)
         for block in self.blocks:
             x = block(x, attend, documents, training=training, mesh=self.data_mesh)
         return x
@@ -218,7 +218,8 @@ class PretrainingBert(keras.Model):
         input_ids, segment_ids, positions = inputs
         sequence = self.encode(input_ids, segment_ids, training)
         gelu = activation(self.hidden_act, target_platform(self.data_mesh) == "gpu")
-        x = self.mlm_norm(gelu(self.mlm_dense(one_hot_rows(sequence, ops.cast(positions, "int32")))))
+        x = self.mlm_norm(gelu(self.mlm_dense(one_hot_rows(sequence, ops.cast(positions, "int32")))),
+                          mesh=self.data_mesh)
         embeddings = ops.cast(self.token_embedding.embeddings, self.compute_dtype)
         mlm_logits = ops.cast(self.mlm_bias(ops.matmul(x, ops.transpose(embeddings))), "float32")
         if not self.with_nsp:

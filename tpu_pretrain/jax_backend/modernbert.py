@@ -169,10 +169,10 @@ class ModernBertLayer(keras.layers.Layer):
         return ops.reshape(context, x.shape)
 
     def call(self, x, attend, documents, cos, sin, training=False, mesh=None):
-        normed = self.attn_norm(x) if self.attn_norm is not None else x
+        normed = self.attn_norm(x, mesh=mesh) if self.attn_norm is not None else x
         context = self.context(normed, attend, documents, (cos, sin), training, mesh)
         x = x + self.attn_dropout(self.attn_out(context), training=training)
-        gate_input, gate = ops.split(self.wi(self.mlp_norm(x)), 2, axis=-1)
+        gate_input, gate = ops.split(self.wi(self.mlp_norm(x, mesh=mesh)), 2, axis=-1)
         return x + self.mlp_out(self.mlp_dropout(self.gelu(gate_input) * gate, training=training))
 
 
@@ -212,7 +212,7 @@ class PretrainingModernBert(keras.Model):
         """The last hidden states ``[batch, length, hidden]``, after the final norm."""
         config, length = self.config, input_ids.shape[1]
         x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
-        x = self.embedding_dropout(self.embedding_norm(x), training=training)
+        x = self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training)
         attend = input_ids != config.pad_token_id
         if config.pad_token_id != 0:
             attend = attend & before_zero_tail(input_ids)
@@ -227,13 +227,13 @@ class PretrainingModernBert(keras.Model):
         for block in self.blocks:
             cos, sin = tables[config.global_rope_theta if block.is_global else config.local_rope_theta]
             x = block(x, attend, documents, cos, sin, training=training, mesh=self.data_mesh)
-        return self.final_norm(x)
+        return self.final_norm(x, mesh=self.data_mesh)
 
     def call(self, inputs, training=False):
         input_ids, segment_ids, positions = inputs
         sequence = self.encode(input_ids, segment_ids, training)
         gathered = one_hot_rows(sequence, ops.cast(positions, "int32"))
-        x = self.head_norm(self.head_activation(self.head_dense(gathered)))
+        x = self.head_norm(self.head_activation(self.head_dense(gathered)), mesh=self.data_mesh)
         if self.decoder is not None:
             return [ops.cast(self.decoder(x), "float32")]
         logits = ops.matmul(x, ops.transpose(ops.cast(self.token_embedding.embeddings, self.compute_dtype)))

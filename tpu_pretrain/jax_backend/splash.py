@@ -29,18 +29,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.sharding import PartitionSpec
 
-from .devices import target_platform
-
-try:  # jax >= 0.6
-    from jax import shard_map as _shard_map
-
-    def _sharded(f, mesh, specs, out):
-        return _shard_map(f, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
-except ImportError:  # pragma: no cover - older JAX
-    from jax.experimental.shard_map import shard_map as _shard_map
-
-    def _sharded(f, mesh, specs, out):
-        return _shard_map(f, mesh=mesh, in_specs=specs, out_specs=out, check_rep=False)
+from .devices import per_device, target_platform
 
 LANES = 128  # the kernel's blocks are multiples of this
 BLOCKS = (512, 256, 128)
@@ -92,4 +81,4 @@ def attention(q, k, v, segments, window: int | None = None, mesh=None, axis: str
     if mesh is None or mesh.devices.size == 1:
         return per_example(q, k, v, segments)
     spec = PartitionSpec(axis or mesh.axis_names[0])
-    return _sharded(per_example, mesh, (spec, spec, spec, spec), spec)(q, k, v, segments)
+    return per_device(per_example, mesh, (spec, spec, spec, spec), spec)(q, k, v, segments)

@@ -1,0 +1,200 @@
+"""LayerNorm as two Pallas (Triton) kernels on a GPU: one pass over the rows forward, one backward.
+
+Compiled by XLA, each norm of a BERT step is two kernels forward (the row statistics, then the normalised rows: the
+input read twice) and two backward, and the residual that cuBLAS adds into the GEMM before the norm costs a copy of
+it first (the H100's trace of 2026-11-27 measured the 25 norms at 7.4 ms of a 53 ms step, the copies at 0.8 ms).
+Here a program normalises :data:`ROWS` rows, its columns one power-of-two block masked to the row's width (the
+Triton lowering wants power-of-two shapes; BERT's rows are 768 wide): the forward reads the input once and writes the
+output and two float32 numbers per row; the backward reads the input, the output's gradient and those numbers once,
+writes the input's gradient and, per program, partial sums of the scale's and offset's gradients, which XLA then adds
+up (``[rows / ROWS, width]`` float32, a few MB). JAX's own Pallas layer norm keeps the statistics in the input's
+dtype and reduces the weights' gradients over as many programs as there are column blocks (a few dozen for 768).
+
+Measured on an H100 as a candidate (``benchmarks/bench_step_variants.py``, 2026-11-27, XLA's Triton GEMMs still on):
+1.016x the step. Estimated for the package's step since (jax 0.11.2's compile for an H100, ``xla_layernorm`` the
+step without it): 40.1 -> 38.4 ms per step, the residual copies gone with it (benchmarks/GPU_NOTES.md).
+
+Where: ``TPU_PRETRAIN_LAYERNORM`` (:func:`layer_norm_path`). ``auto`` takes the kernels on a GPU of compute capability
+8.0+ (XLA's Triton floor: not the free T4) when this JAX has Pallas's Triton backend (deprecated in jax 0.11 for
+Mosaic GPU: where it is gone, XLA's norm); ``xla`` never; ``pallas`` always, in Pallas's interpreter off a GPU (the
+tests). On several devices the kernels run per device on its own rows (``shard_map``), and XLA sums the weights'
+partial gradients across them.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from ..environment import environment_override
+from ..errors import UserInputError
+from .devices import compute_at_least, per_device, target_device, target_platform
+
+try:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    _KERNELS_AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
+except ImportError:  # a JAX without Pallas's Triton backend
+    pl = plgpu = None
+    _KERNELS_AVAILABLE = False
+
+# jax 0.11 says so at every lowering of a kernel (25 per BERT step); the fallback where it is gone is XLA's norm
+warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
+
+LAYER_NORM_PATHS = ("auto", "xla", "pallas")
+TRITON_CAPABILITY = 8.0  # XLA refuses Triton below it ("Triton support is only enabled for Ampere GPUs and up")
+ROWS = 8  # rows per program: 8 x 1,024 float32 values in registers across 4 warps
+
+
+def layer_norm_path(setting: str | None = None) -> str:
+    """The LayerNorm path asked for: ``setting``, else ``TPU_PRETRAIN_LAYERNORM``, else ``auto``."""
+    path = (setting or environment_override("TPU_PRETRAIN_LAYERNORM", "auto")).strip().lower()
+    if path not in LAYER_NORM_PATHS:
+        raise UserInputError(f"LayerNorm path {path!r} is not one of {', '.join(LAYER_NORM_PATHS)} "
+                             "(TPU_PRETRAIN_LAYERNORM).")
+    return path
+
+
+def applies(mesh=None, path: str | None = None) -> bool:
+    """Whether a norm compiled for ``mesh``'s devices (None: this process's) takes the kernels under ``path``."""
+    path = layer_norm_path(path)
+    if path == "pallas" and not _KERNELS_AVAILABLE:
+        raise UserInputError(f"TPU_PRETRAIN_LAYERNORM=pallas: this JAX ({jax.__version__}) has no Pallas Triton "
+                             "backend; use auto or xla.")
+    return path == "pallas" or (path == "auto" and _KERNELS_AVAILABLE and target_platform(mesh) == "gpu"
+                                and compute_at_least(target_device(mesh), TRITON_CAPABILITY))
+
+
+def layer_norm(x, gamma, beta, eps: float, mesh=None):
+    """``(x - mean) / sqrt(var + eps) * gamma + beta`` over ``x``'s last axis (``beta`` None: no offset), the
+    arithmetic in float32 and the result in ``x``'s dtype; ``x``'s rows split over ``mesh``'s devices along its
+    first axis. Pallas's interpreter runs the kernels where ``mesh`` is not a GPU's."""
+    width = x.shape[-1]
+    beta = jnp.zeros_like(gamma) if beta is None else beta
+    several = mesh is not None and mesh.devices.size > 1
+    run = _Run(eps, target_platform(mesh) != "gpu", mesh if several else None)
+    return _layer_norm_2d(x.reshape(-1, width), gamma, beta, run).reshape(x.shape)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """How the kernels run (static under ``jax.jit``): epsilon, interpreted or not, per device of ``mesh`` or not."""
+
+    eps: float
+    interpret: bool
+    mesh: object = None
+
+    def per_device(self, kernel, rows_in: int, rows_out: int):
+        """``kernel`` over each device's rows: its first ``rows_in`` operands and ``rows_out`` results split along
+        their first axis, the rest replicated."""
+        if self.mesh is None:
+            return kernel
+        split, whole = PartitionSpec(self.mesh.axis_names[0]), PartitionSpec()
+
+        def call(*operands):
+            ins = tuple(split if i < rows_in else whole for i in range(len(operands)))
+            return per_device(kernel, self.mesh, ins, (split,) * rows_out)(*operands)
+
+        return call
+
+
+def _block(width: int) -> int:
+    return max(16, pl.next_power_of_2(width))
+
+
+def _place(program, n_rows: int, width: int, block: int):
+    """A program's rows and the block's columns, and which of them (and of the tile) hold data."""
+    rows, cols = program * ROWS + jnp.arange(ROWS), jnp.arange(block)
+    in_row, row_mask = cols < width, rows < n_rows
+    return rows, cols, in_row, row_mask, row_mask[:, None] & in_row[None, :]
+
+
+def _tile(ref, rows, cols, mask):
+    return plgpu.load(ref.at[rows[:, None], cols[None, :]], mask=mask, other=0.0).astype(jnp.float32)
+
+
+def _weights(ref, cols, in_row):
+    return plgpu.load(ref.at[cols], mask=in_row, other=0.0).astype(jnp.float32)
+
+
+def _forward_kernel(x_ref, gamma_ref, beta_ref, y_ref, mean_ref, rstd_ref, *, eps, width, block):
+    rows, cols, in_row, row_mask, mask = _place(pl.program_id(0), x_ref.shape[0], width, block)
+    x = _tile(x_ref, rows, cols, mask)
+    mean = jnp.sum(x, axis=1) / width
+    centred = jnp.where(mask, x - mean[:, None], 0.0)
+    rstd = jax.lax.rsqrt(jnp.sum(centred * centred, axis=1) / width + eps)
+    y = centred * rstd[:, None] * _weights(gamma_ref, cols, in_row)[None, :] + _weights(beta_ref, cols, in_row)[None, :]
+    plgpu.store(y_ref.at[rows[:, None], cols[None, :]], y.astype(y_ref.dtype), mask=mask)
+    plgpu.store(mean_ref.at[rows], mean, mask=row_mask)
+    plgpu.store(rstd_ref.at[rows], rstd, mask=row_mask)
+
+
+def _backward_kernel(x_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dx_ref, dgamma_ref, dbeta_ref, *, width, block):
+    program = pl.program_id(0)
+    rows, cols, in_row, row_mask, mask = _place(program, x_ref.shape[0], width, block)
+    x, dy = _tile(x_ref, rows, cols, mask), _tile(dy_ref, rows, cols, mask)
+    mean = plgpu.load(mean_ref.at[rows], mask=row_mask, other=0.0)
+    rstd = plgpu.load(rstd_ref.at[rows], mask=row_mask, other=0.0)
+    normed = jnp.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    scaled = dy * _weights(gamma_ref, cols, in_row)[None, :]
+    along_normed = jnp.sum(scaled * normed, axis=1) / width
+    mean_scaled = jnp.sum(scaled, axis=1) / width
+    dx = (scaled - mean_scaled[:, None] - normed * along_normed[:, None]) * rstd[:, None]
+    plgpu.store(dx_ref.at[rows[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
+    plgpu.store(dgamma_ref.at[program, cols], jnp.sum(dy * normed, axis=0), mask=in_row)
+    plgpu.store(dbeta_ref.at[program, cols], jnp.sum(dy, axis=0), mask=in_row)
+
+
+def _forward(x2, gamma, beta, run: _Run):
+    def kernels(x2, gamma, beta):
+        rows, width = x2.shape
+        kernel = functools.partial(_forward_kernel, eps=run.eps, width=width, block=_block(width))
+        return pl.pallas_call(
+            kernel, grid=(pl.cdiv(rows, ROWS),), interpret=run.interpret, name="layer_norm_forward",
+            compiler_params=plgpu.CompilerParams(num_warps=4),
+            out_shape=[jax.ShapeDtypeStruct(x2.shape, x2.dtype), jax.ShapeDtypeStruct((rows,), jnp.float32),
+                       jax.ShapeDtypeStruct((rows,), jnp.float32)])(x2, gamma, beta)
+
+    return run.per_device(kernels, 1, 3)(x2, gamma, beta)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm_2d(x2, gamma, beta, run: _Run):
+    return _forward(x2, gamma, beta, run)[0]
+
+
+def _layer_norm_2d_forward(x2, gamma, beta, run):
+    y, mean, rstd = _forward(x2, gamma, beta, run)
+    return y, (x2, gamma, beta, mean, rstd)
+
+
+def _layer_norm_2d_backward(run, saved, dy):
+    x2, gamma, beta, mean, rstd = saved
+
+    def kernels(x2, dy, mean, rstd, gamma):
+        rows, width = x2.shape
+        programs = pl.cdiv(rows, ROWS)
+        kernel = functools.partial(_backward_kernel, width=width, block=_block(width))
+
+        def ordered(x_ref, dy_ref, mean_ref, rstd_ref, gamma_ref, *outs):
+            kernel(x_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, *outs)
+
+        return pl.pallas_call(
+            ordered, grid=(programs,), interpret=run.interpret, name="layer_norm_backward",
+            compiler_params=plgpu.CompilerParams(num_warps=4),
+            out_shape=[jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+                       jax.ShapeDtypeStruct((programs, width), jnp.float32),
+                       jax.ShapeDtypeStruct((programs, width), jnp.float32)])(x2, dy, mean, rstd, gamma)
+
+    # per device: each one's programs' partial sums, joined along the programs; their sum is the weights' gradient
+    dx, dgamma, dbeta = run.per_device(kernels, 4, 3)(x2, dy, mean, rstd, gamma)
+    return dx, jnp.sum(dgamma, axis=0).astype(gamma.dtype), jnp.sum(dbeta, axis=0).astype(beta.dtype)
+
+
+_layer_norm_2d.defvjp(_layer_norm_2d_forward, _layer_norm_2d_backward)
