@@ -20,8 +20,9 @@ def data_dir(tmp_path_factory):
     return write_data(tmp_path_factory.mktemp("pacing"))
 
 
-def traced_run(data_dir, output_dir, monkeypatch, **overrides):
-    """Train through the loop, recording each dispatch, each read of a call's figures and every host sync."""
+def traced_run(data_dir, output_dir, monkeypatch, full_calls_counted=False, **overrides):
+    """Train through the loop, recording each dispatch, each read of a call's figures and every host sync
+    (``full_calls_counted``: full calls compiled with their trip count, as on a GPU)."""
     from tpu_pretrain.core.loop import run_training
     from tpu_pretrain.jax_backend import trainer as trainer_module
 
@@ -29,6 +30,7 @@ def traced_run(data_dir, output_dir, monkeypatch, **overrides):
     fetch = trainer_module.fetch
     monkeypatch.setattr(trainer_module, "fetch", lambda tree: (events.append(("sync",)), fetch(tree))[1])
     trainer = trainer_module.JaxTrainer(Config.load(**settings(data_dir, output_dir, **overrides)))
+    trainer.full_calls_counted = full_calls_counted
     dispatch, step = trainer.dispatch, [0]
 
     def logged(n):
@@ -66,6 +68,30 @@ def test_calls_fit_the_boundaries_and_are_read_one_call_late(data_dir, tmp_path,
     for n, (i, j) in enumerate(zip(dispatches, dispatches[1:], strict=False)):
         if calls[n][1] not in states:  # between two dispatches: one sync, for the figures of the call before
             assert sum(e[0] == "sync" for e in events[i + 1:j]) == (1 if n else 0)
+
+
+def test_where_full_calls_are_counted_they_are_a_call_of_their_own_and_train_the_same_steps(
+        data_dir, tmp_path, monkeypatch):
+    """As on a GPU (whose while loop otherwise waits on the host after every step): a full call is compiled with its
+    trip count (XLA's loop then knows it), a shorter one takes the call that loops to a count, compiled when first
+    needed; the run trains exactly what the one-call run trains, and the boundaries and syncs are the same."""
+    import jax
+    import numpy as np
+
+    kept = dict(num_train_steps=14, steps_per_execution=4, log_every_steps=5, save_checkpoints_steps=10)
+    counted, trainer, events = traced_run(data_dir, tmp_path / "counted", monkeypatch, full_calls_counted=True,
+                                          **kept)
+    assert [(e[1], e[2]) for e in events if e[0] == "dispatch"] == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 14)]
+    assert trainer._train_chunk._cache_size() == 2  # the full call, and the one that loops to a count
+    full = trainer._train_chunk.lower(trainer.state, trainer.chunk_shapes(4)).compile().as_text()
+    assert '"known_trip_count":{"n":"4"}' in full  # the compiler knows it (the GPU's loop then never reads a flag)
+    assert "known_trip_count" not in trainer.lower_chunk(4).compile().as_text()
+    weights = jax.tree.map(np.asarray, trainer.state["params"])
+    one_call, plain, _ = traced_run(data_dir, tmp_path / "plain", monkeypatch, **kept)
+    assert plain._train_chunk._cache_size() == 1
+    assert [h["loss"] for h in counted.history] == [h["loss"] for h in one_call.history]
+    for a, b in zip(weights, jax.tree.map(np.asarray, plain.state["params"]), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_summary_rate_leaves_the_compile_out(data_dir, tmp_path, monkeypatch, caplog):

@@ -52,7 +52,8 @@ class Pace:
         """A call's figures were just read: the seconds from the end of the call before (or a pause) to ``ended``,
         when the devices finished this one (None: now, the reading), which count in the steady rate unless the call
         was the session's first or compiled. Its end, not its reading: the loop reads a call after dispatching the
-        next, which on a GPU holds the host until that one has nearly run."""
+        next, which on a GPU can hold the host until that one has nearly run (a call whose trip count XLA does not
+        know)."""
         now = time.perf_counter() if ended is None else ended
         seconds, self.clock = max(now - self.clock, 0.0), now
         self.train_seconds += seconds

@@ -24,10 +24,11 @@ def cache_size(jitted) -> int | None:
 class CompletionClock:
     """The moment the devices finished a call, taken by a thread that waits for its outputs.
 
-    The loop reads a call's figures only after dispatching the next, and on a GPU dispatching a call holds the host
-    until about its last step is queued (XLA's while loop reads its condition on the host), so the time a call is read
-    can be a whole call after it finished: timed by its reading, the first steady call of an H100 run looked twice as
-    fast as it was. Timed here, every call counts from the end of the one before.
+    The loop reads a call's figures only after dispatching the next, and on a GPU dispatching a call whose trip count
+    XLA does not know (a call cut short by a boundary) holds the host until about its last step is queued (XLA's while
+    loop reads its condition on the host), so the time a call is read can be a whole call after it finished: timed by
+    its reading, the first steady call of an H100 run looked twice as fast as it was. Timed here, every call counts
+    from the end of the one before.
     """
 
     def __init__(self, outputs):

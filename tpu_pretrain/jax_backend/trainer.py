@@ -83,6 +83,9 @@ class JaxTrainer:
             log.info("JAX devices: %s", self.devices.describe())
         self.eval_batch_size = self.plan.devices.eval_batch_size
         self.steps_per_execution = self.plan.devices.steps_per_execution
+        # a full call's trip count compiled in (a call of its own: compiled again for the first shorter call, which
+        # the defaults make rare) where the devices would otherwise wait on the host after every step: a GPU's
+        self.full_calls_counted = self.devices.kind == "gpu"
         self.settings = OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
         self.train_batches = self.init_report = None
@@ -232,8 +235,9 @@ class JaxTrainer:
 
         The batches come from :class:`.prefetch.BatchPrefetcher`, placed ahead; when none is ready the devices
         are let finish first, so ``input_wait_seconds`` counts only time they had nothing else to do. The one
-        compiled call takes any count up to steps_per_execution (:func:`.step.train_chunk`); the time a dispatch
-        spent compiling it is the call's ``compile_seconds``.
+        compiled call takes any count up to steps_per_execution (:func:`.step.train_chunk`), and where
+        :attr:`full_calls_counted` a full call is one of its own whose trip count the compiler knows; the time a
+        dispatch spent compiling is the call's ``compile_seconds``.
         """
         if not 0 < steps <= self.steps_per_execution:
             raise ValueError(f"a call runs 1 to {self.steps_per_execution} steps, not {steps}")
@@ -244,7 +248,10 @@ class JaxTrainer:
         pulled = prefetch.take(steps, idle=self._let_devices_finish)
         batches, count = self._stack(tuple(b for _, b in pulled))
         compiled, tick = cache_size(self._train_chunk), time.perf_counter()
-        self.state, sums = self._train_chunk(self.state, batches, count)
+        if self.full_calls_counted and steps == self.steps_per_execution:
+            self.state, sums = self._train_chunk(self.state, batches)
+        else:
+            self.state, sums = self._train_chunk(self.state, batches, count)
         grew = compiled is None and not self._compiled_once or cache_size(self._train_chunk) != compiled
         compile_seconds = time.perf_counter() - tick if grew else 0.0
         self._compiled_once = True

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One GPU session's measurements for issue 42, prepared on the development machine and run on the lent card in one
+# call of the device tool (a session has 15 minutes of device time; this takes about 8 and 9.5 at most).
+#
+#   bash benchmarks/gpu_session.sh prepare       here: the wheels the card's image lacks (Keras, namex, optree,
+#                                                google-crc32c) and the corpus, into .gpu/ (git ignores it)
+#   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
+#   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
+#
+# The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
+# 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
+#    data, seeds and loss): exact_gelu (the tanh GELU in cuBLASLt's epilogue undone) and xla_layernorm (the Pallas
+#    LayerNorm kernels undone); benchmarks/GPU_NOTES.md has what each was estimated to move.
+# 2. the same step with the while loop in XLA's command buffers (a process of its own: XLA_FLAGS are read once).
+# 3. bench_gpu.py whole: the step, the command's steady rate, both PyTorch peers, ModernBERT at 1,024.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+GPU=.gpu
+COMMAND_BUFFERS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+
+prepare() {
+    mkdir -p "$GPU/whl"
+    grep -qx "/$GPU/" .git/info/exclude 2>/dev/null || echo "/$GPU/" >> .git/info/exclude
+    # the versions the project's JAX environment has, as wheels for the card's Python 3.12 on x86-64
+    local python=${PYTHON:-.venv-jax/bin/python}
+    local wants
+    wants=$("$python" - <<'EOF'
+from importlib.metadata import version
+print(" ".join(f"{name}=={version(name)}" for name in ("keras", "namex", "optree", "google-crc32c")))
+EOF
+) || { echo "no $python with Keras: make install-jax-stack first" >&2; exit 1; }
+    rm -f "$GPU"/whl/*.whl
+    "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$GPU/whl" $wants || exit 1
+    cp ../shared/corpora/wikitext2_valid.txt "$GPU/" || exit 1
+    ls -l "$GPU" "$GPU/whl"
+    echo "ready: run 'bash benchmarks/gpu_session.sh run' on the card, carrying $GPU"
+}
+
+part() {  # part NAME SECONDS COMMAND...: one part under its timeout, its output teed to $OUT/NAME.log
+    local name=$1 seconds=$2
+    shift 2
+    echo "== $name (at most ${seconds} s): $*"
+    local start=$SECONDS
+    timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$OUT/$name.log"
+    echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+}
+
+run() {
+    local smoke=${1:-}
+    OUT=${OUT:-$(mktemp -d)}
+    export PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
+    if [ -z "$smoke" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$GPU"/whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/site:$PWD
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
+        python3 -c "import jax, keras, torch, transformers; print('jax', jax.__version__, 'keras', keras.__version__, \
+'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())" | tee -a "$OUT/card.txt"
+        local python=python3 corpus=$GPU/wikitext2_valid.txt steps=(--steps 60) budget=330
+    else
+        export PYTHONPATH=$PWD
+        local python=${PYTHON:-.venv-jax/bin/python} corpus=../shared/corpora/wikitext2_valid.txt steps=(--smoke)
+        local budget=240
+    fi
+    part variants 200 "$python" benchmarks/bench_step_variants.py "${steps[@]}" --variants base exact_gelu xla_layernorm
+    part command_buffers 100 "$python" benchmarks/bench_step_variants.py "${steps[@]}" --variants base \
+        --xla_flags="$COMMAND_BUFFERS"
+    part bench_gpu $((budget + 30)) "$python" benchmarks/bench_gpu.py $smoke --corpus "$corpus" \
+        --json "$OUT/bench_gpu.json" --budget_s "$budget"
+    # the device tool brings back at most 8 files, none deeper than two folders: the logs' folder as one archive
+    tar -czf "$OUT/bench_gpu_logs.tgz" -C "$OUT" bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
+    echo "== done: $OUT"
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    run) run "${2:-}" ;;
+    *) echo "usage: bash benchmarks/gpu_session.sh prepare | run [--smoke]" >&2; exit 2 ;;
+esac
