@@ -46,6 +46,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   the rows each way, the weights' gradients as partial sums), where the H100 measured XLA's norms at 7.4 ms of a 53 ms
   step. Measured on an H100 as a candidate, with XLA's Triton GEMMs still on: 1.016x (the kernels'); estimated under
   jax 0.11.2 for the package's step since: 40.1 (this) -> 38.4 ms, the residual copies gone too.
+- ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
+  compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
+  the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
+  it (no kernel changes); the card measures it.
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128): measured on an H100, 0.807x.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
@@ -109,7 +113,8 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 )
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
-           "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "pallas_attention")
+           "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
+           "pallas_attention")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -150,6 +155,14 @@ def variant(name: str) -> contextlib.ExitStack:
     if "norm_per_gradient" in changes:
         patches.enter_context(mock.patch.object(step, "global_norm", lambda grads: jnp.sqrt(
             sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))))
+    if "dynamic_loop" in changes:
+        from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+        def counting_none(self, *args, init=JaxTrainer.__init__, **kwargs):
+            init(self, *args, **kwargs)
+            self.full_calls_counted = False
+
+        patches.enter_context(mock.patch.object(JaxTrainer, "__init__", counting_none))
     if "xla_layernorm" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_LAYERNORM": "xla"}))
     for change, option in (("dot_merger", "xla_gpu_dot_merger_threshold_mb"),

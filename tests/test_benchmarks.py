@@ -221,6 +221,20 @@ def test_gpu_targets_describe_a_card_or_say_how_to_get_the_plugin():
         gpu_targets.prepare("v100")
 
 
+def test_the_gpu_sessions_script_parses_and_names_variants_the_benchmark_has():
+    """``gpu_session.sh`` is run once, on a lent card, with minutes to spare: its shell parses, a wrong option is
+    refused before anything runs, and every variant it asks ``bench_step_variants.py`` for is one (a renamed variant
+    would cost the card's part its figures)."""
+    script = ROOT / "benchmarks" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    refused = subprocess.run(["bash", str(script), "run", "--bogus"], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "unknown option --bogus" in refused.stderr
+    asked = re.search(r"--variants ([\w ]+)$", script.read_text(), re.MULTILINE)[1].split()
+    changes = re.search(r"^CHANGES = \(([^)]*)\)", (ROOT / "benchmarks" / "bench_step_variants.py").read_text(),
+                        re.MULTILINE)[1]
+    assert asked and set(asked) <= set(re.findall(r'"(\w+)"', changes)), asked
+
+
 def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_documents():
     """``bench_step_variants``'s ``pallas_attention`` (JAX's Triton flash attention, padding and documents as segment
     ids), run by Pallas's interpreter on the CPU: the package's XLA attention's outputs and gradients at every real

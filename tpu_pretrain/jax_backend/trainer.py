@@ -83,8 +83,7 @@ class JaxTrainer:
             log.info("JAX devices: %s", self.devices.describe())
         self.eval_batch_size = self.plan.devices.eval_batch_size
         self.steps_per_execution = self.plan.devices.steps_per_execution
-        # a full call's trip count compiled in (a call of its own: compiled again for the first shorter call, which
-        # the defaults make rare) where the devices would otherwise wait on the host after every step: a GPU's
+        # full calls with their trip count compiled in, where a loop would wait on the host after every step: a GPU's
         self.full_calls_counted = self.devices.kind == "gpu"
         self.settings = OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
@@ -248,10 +247,8 @@ class JaxTrainer:
         pulled = prefetch.take(steps, idle=self._let_devices_finish)
         batches, count = self._stack(tuple(b for _, b in pulled))
         compiled, tick = cache_size(self._train_chunk), time.perf_counter()
-        if self.full_calls_counted and steps == self.steps_per_execution:
-            self.state, sums = self._train_chunk(self.state, batches)
-        else:
-            self.state, sums = self._train_chunk(self.state, batches, count)
+        counted = self.full_calls_counted and steps == self.steps_per_execution  # else the loop to a count
+        self.state, sums = self._train_chunk(self.state, batches, *(() if counted else (count,)))
         grew = compiled is None and not self._compiled_once or cache_size(self._train_chunk) != compiled
         compile_seconds = time.perf_counter() - tick if grew else 0.0
         self._compiled_once = True
