@@ -17,9 +17,10 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
-# the kinds of kernel, by marks in their names, tried in this order (cuDNN's attention kernels contain "sm90" too)
+# the kinds of kernel, by marks in their names, tried in this order (cuDNN's attention kernels contain "sm90" too;
+# the package's Pallas norms are named after their pallas_call, which no HLO instruction is)
 KINDS = (("attention", ("flash", "fmha", "sdpa", "dot_do_o", "dq_to", "attention")),
-         ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "cublas")),
+         ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "cublas")), ("layer norm", ("layer_norm",)),
          ("reduction", ("reduce",)), ("scatter", ("scatter",)), ("copy", ("memcpy", "memset", "copy")))
 PREFIX = re.compile(r"^jit\([^)]*\)/(?:while/body/)*(?:eval_jaxpr/)?")
 

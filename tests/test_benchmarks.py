@@ -133,6 +133,7 @@ def test_device_profile_sums_a_gpu_trace_by_kind_and_model_part(tmp_path):
     assert parts["bwd layer_N/attention_norm"] == pytest.approx(1.371, abs=1e-3)
     assert parts["library gemm"] == pytest.approx(5.004, abs=1e-3)
     assert summary["by_kind"]["attention"] == pytest.approx(2.657, abs=1e-3)  # cuDNN's, though its name has sm90
+    assert device_profile.kind_of("layer_norm_backward") == "layer norm"  # the package's Pallas norms, by name
     assert summary["ms_per_step"] == pytest.approx(4.022 + 4.026 + 1.371 + 1.262 + 5.004 + 2.657, abs=5e-3)
     assert summary["top"][0]["kernel"].startswith("nvjet") and summary["top"][0]["per_step"] == 60
     device_profile.keep(recorded, recorded, tmp_path / "kept", summary)

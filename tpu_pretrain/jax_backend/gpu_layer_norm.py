@@ -40,7 +40,7 @@ try:
     from jax.experimental.pallas import triton as plgpu
 
     _KERNELS_AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
-except ImportError:  # a JAX without Pallas's Triton backend
+except Exception:  # noqa: BLE001 - a JAX without a working Pallas Triton backend: XLA's norm, never a failed import
     pl = plgpu = None
     _KERNELS_AVAILABLE = False
 
@@ -74,10 +74,11 @@ def applies(mesh=None, path: str | None = None) -> bool:
 def layer_norm(x, gamma, beta, eps: float, mesh=None):
     """``(x - mean) / sqrt(var + eps) * gamma + beta`` over ``x``'s last axis (``beta`` None: no offset), the
     arithmetic in float32 and the result in ``x``'s dtype; ``x``'s rows split over ``mesh``'s devices along its
-    first axis. Pallas's interpreter runs the kernels where ``mesh`` is not a GPU's."""
+    first axis where they divide evenly (else XLA gathers them: an eval batch the devices do not divide). Pallas's
+    interpreter runs the kernels where ``mesh`` is not a GPU's."""
     width = x.shape[-1]
     beta = jnp.zeros_like(gamma) if beta is None else beta
-    several = mesh is not None and mesh.devices.size > 1
+    several = mesh is not None and mesh.devices.size > 1 and (x.size // width) % mesh.devices.size == 0
     run = _Run(eps, target_platform(mesh) != "gpu", mesh if several else None)
     return _layer_norm_2d(x.reshape(-1, width), gamma, beta, run).reshape(x.shape)
 
