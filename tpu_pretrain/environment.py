@@ -22,6 +22,7 @@ import tempfile
 from importlib import metadata, util
 from pathlib import Path
 
+from .errors import UserInputError
 from .pinned_sets import NO_DEPS, pins
 from .runtime import tpu_vm_present
 
@@ -62,6 +63,15 @@ def environment_override(name: str, default: str | None = None) -> str | None:
         raise KeyError(f"{name} is not a documented override; add it to environment.ENVIRONMENT_OVERRIDES")
     value = os.environ.get(name, "").strip()
     return value or default
+
+
+def override_choice(name: str, choices: tuple[str, ...], what: str, setting: str | None = None) -> str:
+    """``setting``, else the override variable ``name``, else the first of ``choices``, lower-cased; a value that is
+    not one of ``choices`` is refused, naming the variable."""
+    value = (setting or environment_override(name, choices[0])).strip().lower()
+    if value not in choices:
+        raise UserInputError(f"{what} {value!r} is not one of {', '.join(choices)} ({name}).")
+    return value
 
 
 class EnvironmentSetupError(RuntimeError):

@@ -18,7 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from ..environment import environment_override
+from ..environment import override_choice
 from ..errors import UserInputError
 from . import splash
 from .devices import compute_at_least, target_device, target_platform
@@ -39,11 +39,7 @@ log = logging.getLogger(__name__)
 
 def attention_path(setting: str | None = None) -> str:
     """The attention path asked for: ``setting``, else ``TPU_PRETRAIN_ATTENTION``, else ``auto``."""
-    path = (setting or environment_override("TPU_PRETRAIN_ATTENTION", "auto")).strip().lower()
-    if path not in ATTENTION_PATHS:
-        raise UserInputError(f"attention path {path!r} is not one of {', '.join(ATTENTION_PATHS)} "
-                             "(TPU_PRETRAIN_ATTENTION).")
-    return path
+    return override_choice("TPU_PRETRAIN_ATTENTION", ATTENTION_PATHS, "attention path", setting)
 
 
 def cudnn_applies(dtype, head_size: int, mesh=None) -> bool:

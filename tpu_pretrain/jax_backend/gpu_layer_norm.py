@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from ..environment import environment_override
+from ..environment import override_choice
 from ..errors import UserInputError
 from .devices import compute_at_least, per_device, target_device, target_platform
 
@@ -54,11 +54,7 @@ ROWS = 8  # rows per program: 8 x 1,024 float32 values in registers across 4 war
 
 def layer_norm_path(setting: str | None = None) -> str:
     """The LayerNorm path asked for: ``setting``, else ``TPU_PRETRAIN_LAYERNORM``, else ``auto``."""
-    path = (setting or environment_override("TPU_PRETRAIN_LAYERNORM", "auto")).strip().lower()
-    if path not in LAYER_NORM_PATHS:
-        raise UserInputError(f"LayerNorm path {path!r} is not one of {', '.join(LAYER_NORM_PATHS)} "
-                             "(TPU_PRETRAIN_LAYERNORM).")
-    return path
+    return override_choice("TPU_PRETRAIN_LAYERNORM", LAYER_NORM_PATHS, "LayerNorm path", setting)
 
 
 def applies(mesh=None, path: str | None = None) -> bool:
@@ -91,7 +87,7 @@ class _Run:
     interpret: bool
     mesh: object = None
 
-    def per_device(self, kernel, rows_in: int, rows_out: int):
+    def on_rows(self, kernel, rows_in: int, rows_out: int):
         """``kernel`` over each device's rows: its first ``rows_in`` operands and ``rows_out`` results split along
         their first axis, the rest replicated."""
         if self.mesh is None:
@@ -162,7 +158,7 @@ def _forward(x2, gamma, beta, run: _Run):
             out_shape=[jax.ShapeDtypeStruct(x2.shape, x2.dtype), jax.ShapeDtypeStruct((rows,), jnp.float32),
                        jax.ShapeDtypeStruct((rows,), jnp.float32)])(x2, gamma, beta)
 
-    return run.per_device(kernels, 1, 3)(x2, gamma, beta)
+    return run.on_rows(kernels, 1, 3)(x2, gamma, beta)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -194,7 +190,7 @@ def _layer_norm_2d_backward(run, saved, dy):
                        jax.ShapeDtypeStruct((programs, width), jnp.float32)])(x2, dy, mean, rstd, gamma)
 
     # per device: each one's programs' partial sums, joined along the programs; their sum is the weights' gradient
-    dx, dgamma, dbeta = run.per_device(kernels, 4, 3)(x2, dy, mean, rstd, gamma)
+    dx, dgamma, dbeta = run.on_rows(kernels, 4, 3)(x2, dy, mean, rstd, gamma)
     return dx, jnp.sum(dgamma, axis=0).astype(gamma.dtype), jnp.sum(dbeta, axis=0).astype(beta.dtype)
 
 
