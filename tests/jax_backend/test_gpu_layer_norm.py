@@ -94,17 +94,23 @@ def test_a_model_whose_norms_take_the_kernels_computes_what_xla_s_norm_computes(
     inputs = [ids, jnp.zeros_like(ids), jnp.array([[1, 5, 9], [0, 2, 15]])]
     weights = [v.value for v in model.trainable_variables]
 
+    norm, calls = gpu_layer_norm.layer_norm, []
+    monkeypatch.setattr(gpu_layer_norm, "layer_norm", lambda *a: (calls.append(1), norm(*a))[1])
+
     def run(path):
         monkeypatch.setenv("TPU_PRETRAIN_LAYERNORM", path)
+        calls.clear()
 
         def loss(w):
             logits = model.stateless_call(w, [], inputs)[0][0]
             return jnp.sum(logits * jnp.sin(jnp.arange(logits.size).reshape(logits.shape))), logits
 
-        return jax.grad(loss, has_aux=True)(weights)
+        return (*jax.grad(loss, has_aux=True)(weights), len(calls))
 
-    got_grads, got = run("pallas")
-    want_grads, want = run("xla")
+    got_grads, got, kernels = run("pallas")
+    assert kernels == 6  # the embeddings', two per block, the MLM head's
+    want_grads, want, kernels = run("xla")
+    assert kernels == 0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(w))))
