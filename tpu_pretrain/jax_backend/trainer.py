@@ -248,7 +248,7 @@ class JaxTrainer:
         batches, count = self._stack(tuple(b for _, b in pulled))
         compiled, tick = cache_size(self._train_chunk), time.perf_counter()
         counted = self.full_calls_counted and steps == self.steps_per_execution  # else the loop to a count
-        self.state, sums = self._train_chunk(self.state, batches, *(() if counted else (count,)))
+        self.state, sums = self._train_chunk(self.state, batches, None if counted else count)
         grew = compiled is None and not self._compiled_once or cache_size(self._train_chunk) != compiled
         compile_seconds = time.perf_counter() - tick if grew else 0.0
         self._compiled_once = True
