@@ -12,7 +12,7 @@ GPU to itself and a failure or a hang costs only that phase (said in the table, 
 share of ``--budget_s`` (7 minutes; about 6.5 estimated for one H100, compiles included) and is stopped at it:
 
 1. ``step``: ``bench_train_jax.py`` (BERT-base, length 128, batch 256, 20 steps per call, dropout 0): the JAX
-   step alone, on random data, then five steps traced: the device time by kind and model part, in the JSON and,
+   step alone, on random data, then one call traced: the device time by kind and model part, in the JSON and,
    with the trace and the optimised HLO, in ``bench_gpu_logs/step_profile/``.
 2. ``command``: ``tpu-pretrain vocab`` and ``create-data`` (modern recipe) on ``--corpus``, then
    ``tpu-pretrain train --backend jax --model_size base --train_batch_size 256 --num_train_steps 300
@@ -176,7 +176,8 @@ def phase_step(args, run: Runner, until: float) -> dict:
             "gflop": grab(r"([\d.]+) GFLOP per training sequence", text),
             "device": grab(r"^device: .*\((.*?)\); model", text, str),
             "input_wait": grab(r"waited on input ([\d.]+)%", text),
-            "profile": {k: profile[k] for k in ("ms_per_step", "by_kind", "by_part", "note") if k in profile}}
+            "profile": {k: profile[k] for k in ("ms_per_step", "by_kind", "by_part", "note", "tracks")
+                        if k in profile}}
 
 
 def phase_command(args, run: Runner, until: float) -> dict:

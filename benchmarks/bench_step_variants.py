@@ -182,19 +182,22 @@ def variant(name: str) -> contextlib.ExitStack:
 
 def pallas_attention(masked, interpret: bool = False):
     """``masked_attention`` by JAX's Pallas (Triton) flash attention (``pallas.ops.gpu.attention.mha``; padding and
-    documents as its segment ids) on a GPU or with ``interpret``, else ``masked`` (``pallas_attention``)."""
-    import jax.numpy as jnp
-    from jax.experimental.pallas.ops.gpu import attention as triton_attention
+    documents as its segment ids) on a GPU or with ``interpret``, else ``masked`` (``pallas_attention``), at the
+    tiles ``BENCH_PALLAS_TILES`` names (``Q,K,BACKWARD,WARPS,STAGES`` as :mod:`bench_attention_gpu` names its rows;
+    unset: Pallas's defaults)."""
+    from bench_attention_gpu import PALLAS_TILES, pallas_call
 
     from tpu_pretrain.jax_backend.devices import target_platform
     from tpu_pretrain.jax_backend.documents import document_ids
 
+    tiles = os.environ.get("BENCH_PALLAS_TILES", "")
+    tiles = tuple(int(t) if t.isdigit() else None for t in tiles.split(",")) if tiles else PALLAS_TILES[0]
+    kernel = pallas_call(tiles, interpret)
+
     def call(q, k, v, attend, documents=None, window=None, path="auto", mesh=None):
         if window is not None or not (interpret or target_platform(mesh) == "gpu"):
             return masked(q, k, v, attend, documents, window, path, mesh)
-        segments = document_ids(None, attend, None) if documents is None else documents
-        return triton_attention.mha(q, k, v, segments.astype(jnp.int32), sm_scale=q.shape[-1] ** -0.5,
-                                    interpret=interpret)
+        return kernel(q, k, v, attend, document_ids(None, attend, None) if documents is None else documents)
 
     return call
 

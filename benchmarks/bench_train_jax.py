@@ -13,9 +13,10 @@ precision when the device is known (:mod:`tpu_pretrain.core.peaks`: one device's
 devices, which the sequences/s are measured over), and (2) the best matmul measured here in the training precision
 (a large square one and the model's own GEMM shapes), which no training step can beat.
 The input pipeline is timed alone too: it must produce sequences faster than the step consumes them.
-``--profile DIR``: after the timing, ``--profile_steps`` steps traced with ``jax.profiler``: the device time per step
-by kind of kernel and by part of the model (:mod:`device_profile`), printed and written to ``DIR/profile.json`` beside
-the trace and the optimised HLO (what a GPU session brings back to read).
+``--profile DIR``: after the timing, one call traced with ``jax.profiler`` (the call that was timed; another
+``--profile_steps`` count is compiled inside the trace, and an H200's trace of such a call held no kernels on its
+streams): the device time per step by kind of kernel and by part of the model (:mod:`device_profile`), printed
+and written to ``DIR/profile.json`` beside the trace and the optimised HLO (what a GPU session brings back).
 ``--data_dir``: the step on a ``create-data`` folder instead (the command's workload: its predictions per sequence,
 documents apart where packed; MLM-only FLOPs where the data has no next-sentence pairs).
 ``--smoke``: L2-H128 on a tiny vocab for a few steps, a short matmul reading, the profile into a temporary folder
@@ -168,7 +169,8 @@ def main() -> None:
     parser.add_argument("--matmul_size", type=int, default=0, help="0: 8192 on an accelerator, 2048 on a CPU")
     parser.add_argument("--matmul_seconds", type=float, default=2.0, help="how long the peak reading runs")
     parser.add_argument("--profile", type=Path, default=None, help="trace steps after the timing; results here")
-    parser.add_argument("--profile_steps", type=int, default=5)
+    parser.add_argument("--profile_steps", type=int, default=0,
+                        help="steps traced (default: one call of --steps_per_execution, the call that was timed)")
     parser.add_argument("--data_dir", type=Path, default=None,
                         help="a create-data folder to train on instead of random data (its length, predictions, vocab "
                         "and documents: the command's own step; --seq, --pred and --vocab are then the data's)")
@@ -191,7 +193,7 @@ def main() -> None:
         trainer, rate, first, wait = timed["trainer"], timed["rate"], timed["first"], timed["wait"]
         feed = input_rate(trainer, max(4, args.steps))
         if profile_out is not None:
-            profile(trainer, args.profile_steps, profile_out, scratch / "hlo")
+            profile(trainer, args.profile_steps or trainer.steps_per_execution, profile_out, scratch / "hlo")
     shutil.rmtree(scratch, ignore_errors=True)
     devices = trainer.devices
     dtype = "bfloat16" if devices.precision == "bfloat16" else "float32"

@@ -22,7 +22,7 @@ from pathlib import Path
 KINDS = (("attention", ("flash", "fmha", "sdpa", "dot_do_o", "dq_to", "attention")),
          ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "cublas")), ("layer norm", ("layer_norm",)),
          ("reduction", ("reduce",)), ("scatter", ("scatter",)), ("copy", ("memcpy", "memset", "copy")))
-PREFIX = re.compile(r"^jit\([^)]*\)/(?:while/body/)*(?:eval_jaxpr/)?")
+PREFIX = re.compile(r"^jit\([^)]*\)/(?:(?:while/body|eval_jaxpr)/)*")
 
 
 def dump_flags(folder: Path) -> str:
@@ -45,13 +45,35 @@ def optimised_hlo(hlo_dir: Path | None) -> Path | None:
     return next(iter(sorted(hlo_dir.glob("*train_chunk*after_optimizations.txt"))), None) if hlo_dir else None
 
 
-def device_kernels(trace_dir: Path) -> tuple[dict[str, float], dict[str, int]]:
-    """(microseconds by kernel name, launches by name) on the device's stream tracks."""
+def trace_events(trace_dir: Path) -> list[dict]:
+    """The events of the trace ``jax.profiler`` wrote under ``trace_dir`` (none without one)."""
     path = trace_file(trace_dir)
     if path is None:
-        return {}, {}
+        return []
     events = json.loads(gzip.open(path).read())
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    return events["traceEvents"] if isinstance(events, dict) else events
+
+
+def tracks(trace_dir: Path) -> list[dict]:
+    """Every track of the trace with events: its process and thread names, events and milliseconds. Said when the
+    stream tracks hold no kernels, so that a trace whose kernels landed elsewhere (a CUDA graph's, say) says where."""
+    events = trace_events(trace_dir)
+    names = {(e["pid"], e.get("tid", "process")): str(e.get("args", {}).get("name", ""))
+             for e in events if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")}
+    found = defaultdict(lambda: [0, 0.0, defaultdict(int)])
+    for e in events:
+        if e.get("ph") == "X":
+            track = found[(e.get("pid"), e.get("tid"))]
+            track[0], track[1] = track[0] + 1, track[1] + e.get("dur", 0) / 1000
+            track[2][e.get("name", "")] += 1
+    return [{"process": names.get((pid, "process"), str(pid)), "thread": names.get((pid, tid), str(tid)),
+             "events": n, "ms": round(ms, 3), "names": [k[:80] for k in sorted(c, key=lambda k: -c[k])[:3]]}
+            for (pid, tid), (n, ms, c) in sorted(found.items(), key=lambda kv: -kv[1][1])][:40]
+
+
+def device_kernels(trace_dir: Path) -> tuple[dict[str, float], dict[str, int]]:
+    """(microseconds by kernel name, launches by name) on the device's stream tracks."""
+    events = trace_events(trace_dir)
     meta = [e for e in events if e.get("ph") == "M"]
     devices = {e["pid"] for e in meta if e.get("name") == "process_name"
                and "/device:" in str(e.get("args", {}).get("name", ""))}
@@ -87,8 +109,9 @@ def part_of(op_name: str) -> str:
 def breakdown(trace_dir: Path, hlo_dir: Path | None, steps: int) -> dict:
     """Per step (ms): by kind, by model part, the 25 longest kernels, and the kernels' total."""
     times, counts = device_kernels(trace_dir)
-    if not times:
-        return {"note": "no device kernels in the trace (a CPU runs XLA's ops on host threads)"}
+    if sum(counts.values()) < 20 * steps:  # a step is hundreds of kernels: those of these steps are elsewhere
+        return {"note": f"{sum(counts.values())} device kernels on the streams' tracks in {steps} steps (a CPU runs "
+                        f"XLA's ops on host threads); the trace's tracks are in 'tracks'", "tracks": tracks(trace_dir)}
     parts = model_parts(hlo_dir)
     kinds, by_part = defaultdict(float), defaultdict(float)
     for name, us in times.items():
@@ -121,6 +144,9 @@ def keep(trace_dir: Path, hlo_dir: Path | None, out: Path, summary: dict) -> Non
 def show(summary: dict) -> None:
     if "note" in summary:
         print(f"profile: {summary['note']}")
+        for track in summary.get("tracks", [])[:12]:
+            print(f"  {track['ms']:10.3f} ms {track['events']:7} events  {track['process']} / {track['thread']}: "
+                  f"{', '.join(track['names'])}")
         return
     print(f"profile: {summary['ms_per_step']} ms of device kernels per step ({summary['kernels_per_step']:.0f} "
           f"kernels); by kind (ms per step): {summary['by_kind']}")

@@ -82,8 +82,56 @@ run() {
     echo "== done: $OUT"
 }
 
+probe() {
+    # where the step's attention could go faster, and where its time goes: attention alone (cuDNN's paths, XLA's,
+    # Pallas's at several tiles), the step traced over one full call, and the step with Pallas's attention at the
+    # tiles that beat cuDNN's alone, if any did (about 4 minutes, 6 at most)
+    local smoke=""
+    for arg in "$@"; do
+        case $arg in
+            --smoke) smoke=--smoke ;;
+            *) echo "probe: unknown option $arg" >&2; exit 2 ;;
+        esac
+    done
+    OUT=${OUT:-$(mktemp -d)}
+    export PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
+    if [ -z "$smoke" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$GPU"/whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/site:$PWD
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
+        local python=python3 step=(--model_size base --batch 256 --steps 20 --steps_per_execution 20) steps=(--steps 40)
+    else
+        export PYTHONPATH=$PWD
+        local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) steps=(--smoke)
+    fi
+    part attention 130 "$python" benchmarks/bench_attention_gpu.py $smoke --json "$OUT/attention.json"
+    part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
+    # the trace itself only where it fits what the device tool brings back (16 MiB a file)
+    find "$OUT/profile" -name trace.json.gz -size +15M -delete 2>/dev/null
+    local tiles
+    tiles=$("$python" - "$OUT/attention.json" <<'EOF'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "ms" in r and r["shape"].startswith("bert")]
+cudnn = min((r["ms"] for r in rows if r["name"] == "cudnn_lengths"), default=None)
+best = min((r for r in rows if r["name"].startswith("pallas")), key=lambda r: r["ms"], default=None)
+if best and (cudnn is None or best["ms"] < cudnn):
+    print(",".join(t.lstrip("ws") for t in best["name"].split("_")[1:]))
+EOF
+)
+    if [ -n "$tiles" ]; then
+        BENCH_PALLAS_TILES=$tiles part variants 130 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
+            --variants base pallas_attention
+    else
+        echo "== variants: no Pallas tiles beat cuDNN's attention alone; the step not timed with them"
+    fi
+    echo "== done: $OUT"
+}
+
 case "${1:-}" in
     prepare) prepare ;;
     run) shift; run "$@" ;;
-    *) echo "usage: bash benchmarks/gpu_session.sh prepare | run [--smoke] [--with_modernbert]" >&2; exit 2 ;;
+    probe) shift; probe "$@" ;;
+    *) echo "usage: bash benchmarks/gpu_session.sh prepare | run [--smoke] [--with_modernbert] | probe [--smoke]" >&2
+       exit 2 ;;
 esac

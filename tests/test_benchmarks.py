@@ -9,6 +9,7 @@ process importing a framework and building a graph), and each test waits for its
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -139,6 +140,34 @@ def test_device_profile_sums_a_gpu_trace_by_kind_and_model_part(tmp_path):
     device_profile.keep(recorded, recorded, tmp_path / "kept", summary)
     assert {p.name for p in (tmp_path / "kept").iterdir()} == {"profile.json", "trace.json.gz", "hlo.tar.gz"}
     assert "note" in device_profile.breakdown(tmp_path / "empty", None, steps=1)
+
+
+def test_device_profile_joins_kernels_inside_the_trainers_nested_loops_to_their_part(tmp_path):
+    """An excerpt of an H200's trace of one 20-step call (2026-11-28, two of its kernels) and of that call's
+    optimised HLO, whose op names run through the call's loop and the step's (``while/body/eval_jaxpr/while/body/
+    eval_jaxpr/...``): the GELU's gradient with its bias's, and the sum of the Pallas norms' partial gradients, each
+    joined to its part (they read "bwd while/body" before). A trace whose streams hold no step's kernels (what the
+    H200's trace of a call compiled inside it held: copies only) says which tracks it has instead."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_profile
+
+    recorded = ROOT / "tests" / "recorded" / "h200_bert_base_step"
+    summary = device_profile.breakdown(recorded, recorded, steps=20)
+    assert summary["by_part"] == {"bwd layer_N/intermediate": pytest.approx(3.286, abs=1e-3),
+                                  "bwd layer_N/output_norm": pytest.approx(0.591, abs=1e-3)}
+    assert summary["kernels_per_step"] == 62  # twelve blocks' GELU gradients, fifty norm weights' sums
+
+    copies = {"traceEvents": [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 1, "tid": 14, "name": "thread_name", "args": {"name": "Stream #14(Memset,Compute)"}},
+        *({"ph": "X", "pid": 1, "tid": 14, "ts": 10 * i, "dur": 4, "name": "MemcpyD2H"} for i in range(36))]}
+    (tmp_path / "only_copies").mkdir()
+    with gzip.open(tmp_path / "only_copies" / "x.trace.json.gz", "wt") as f:
+        json.dump(copies, f)
+    said = device_profile.breakdown(tmp_path / "only_copies", None, steps=5)
+    assert said["note"].startswith("36 device kernels on the streams' tracks in 5 steps")
+    assert said["tracks"] == [{"process": "/device:GPU:0", "thread": "Stream #14(Memset,Compute)", "events": 36,
+                               "ms": 0.144, "names": ["MemcpyD2H"]}]
 
 
 def test_hlo_roofline_counts_each_kind_of_kernel_a_step_launches():
