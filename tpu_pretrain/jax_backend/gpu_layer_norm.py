@@ -6,13 +6,13 @@ it first (the H100's trace of 2026-11-27 measured the 25 norms at 7.4 ms of a 53
 Here a program normalises :data:`ROWS` rows, its columns one power-of-two block masked to the row's width (the
 Triton lowering wants power-of-two shapes; BERT's rows are 768 wide): the forward reads the input once and writes the
 output and two float32 numbers per row; the backward reads the input, the output's gradient and those numbers once,
-writes the input's gradient and, per program, partial sums of the scale's and offset's gradients, which XLA then adds
-up (``[rows / ROWS, width]`` float32, a few MB). JAX's own Pallas layer norm keeps the statistics in the input's
-dtype and reduces the weights' gradients over as many programs as there are column blocks (a few dozen for 768).
+writes the input's gradient and, per program of :data:`BACKWARD_TILES` tiles, partial sums of the scale's and
+offset's gradients, which XLA then adds up (``[rows / (ROWS x BACKWARD_TILES), width]`` float32, a few MB). JAX's
+own Pallas layer norm keeps the statistics in the input's dtype and reduces the weights' gradients over as many
+programs as there are column blocks (a few dozen for 768).
 
-Measured on an H100 as a candidate (``benchmarks/bench_step_variants.py``, 2026-11-27, XLA's Triton GEMMs still on):
-1.016x the step. Estimated for the package's step since (jax 0.11.2's compile for an H100, ``xla_layernorm`` the
-step without it): 40.1 -> 38.4 ms per step, the residual copies gone with it (benchmarks/GPU_NOTES.md).
+Measured on an H200 (2026-11-28, ``benchmarks/bench_step_variants.py``, ``xla_layernorm`` the step without them):
+1.022x the BERT-base step (estimated 1.044x); on its trace the 49 norms' kernels take 2.5 ms of 43.
 
 Where: ``TPU_PRETRAIN_LAYERNORM`` (:func:`layer_norm_path`). ``auto`` takes the kernels on a GPU of compute capability
 8.0+ (XLA's Triton floor: not the free T4) when this JAX has Pallas's Triton backend (deprecated in jax 0.11 for
@@ -49,7 +49,10 @@ warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecat
 
 LAYER_NORM_PATHS = ("auto", "xla", "pallas")
 TRITON_CAPABILITY = 8.0  # XLA refuses Triton below it ("Triton support is only enabled for Ampere GPUs and up")
-ROWS = 8  # rows per program: 8 x 1,024 float32 values in registers across 4 warps
+ROWS = 8  # rows per tile: 8 x 1,024 float32 values in registers across 4 warps
+# tiles a backward program loops over, summing the weights' gradients as it goes: its partial sums are a row per 32
+# rows, not per 8 (an H200's trace of 2026-11-28: summing 8-row partials cost 0.59 ms of a 43 ms BERT-base step)
+BACKWARD_TILES = 4
 
 
 def layer_norm_path(setting: str | None = None) -> str:
@@ -105,9 +108,9 @@ def _block(width: int) -> int:
     return max(16, pl.next_power_of_2(width))
 
 
-def _place(program, n_rows: int, width: int, block: int):
-    """A program's rows and the block's columns, and which of them (and of the tile) hold data."""
-    rows, cols = program * ROWS + jnp.arange(ROWS), jnp.arange(block)
+def _place(tile, n_rows: int, width: int, block: int):
+    """A tile's rows and the block's columns, and which of them (and of the tile) hold data."""
+    rows, cols = tile * ROWS + jnp.arange(ROWS), jnp.arange(block)
     in_row, row_mask = cols < width, rows < n_rows
     return rows, cols, in_row, row_mask, row_mask[:, None] & in_row[None, :]
 
@@ -134,18 +137,26 @@ def _forward_kernel(x_ref, gamma_ref, beta_ref, y_ref, mean_ref, rstd_ref, *, ep
 
 def _backward_kernel(x_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dx_ref, dgamma_ref, dbeta_ref, *, width, block):
     program = pl.program_id(0)
-    rows, cols, in_row, row_mask, mask = _place(program, x_ref.shape[0], width, block)
-    x, dy = _tile(x_ref, rows, cols, mask), _tile(dy_ref, rows, cols, mask)
-    mean = plgpu.load(mean_ref.at[rows], mask=row_mask, other=0.0)
-    rstd = plgpu.load(rstd_ref.at[rows], mask=row_mask, other=0.0)
-    normed = jnp.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-    scaled = dy * _weights(gamma_ref, cols, in_row)[None, :]
-    along_normed = jnp.sum(scaled * normed, axis=1) / width
-    mean_scaled = jnp.sum(scaled, axis=1) / width
-    dx = (scaled - mean_scaled[:, None] - normed * along_normed[:, None]) * rstd[:, None]
-    plgpu.store(dx_ref.at[rows[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
-    plgpu.store(dgamma_ref.at[program, cols], jnp.sum(dy * normed, axis=0), mask=in_row)
-    plgpu.store(dbeta_ref.at[program, cols], jnp.sum(dy, axis=0), mask=in_row)
+    cols = jnp.arange(block)
+    gamma = _weights(gamma_ref, cols, cols < width)[None, :]
+
+    def tile(t, sums):
+        rows, cols, in_row, row_mask, mask = _place(program * BACKWARD_TILES + t, x_ref.shape[0], width, block)
+        x, dy = _tile(x_ref, rows, cols, mask), _tile(dy_ref, rows, cols, mask)
+        mean = plgpu.load(mean_ref.at[rows], mask=row_mask, other=0.0)
+        rstd = plgpu.load(rstd_ref.at[rows], mask=row_mask, other=0.0)
+        normed = jnp.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        scaled = dy * gamma
+        along_normed = jnp.sum(scaled * normed, axis=1) / width
+        mean_scaled = jnp.sum(scaled, axis=1) / width
+        dx = (scaled - mean_scaled[:, None] - normed * along_normed[:, None]) * rstd[:, None]
+        plgpu.store(dx_ref.at[rows[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
+        return sums[0] + jnp.sum(dy * normed, axis=0), sums[1] + jnp.sum(dy, axis=0)
+
+    zeros = jnp.zeros((block,), jnp.float32)
+    dgamma, dbeta = jax.lax.fori_loop(0, BACKWARD_TILES, tile, (zeros, zeros))
+    plgpu.store(dgamma_ref.at[program, cols], dgamma, mask=cols < width)
+    plgpu.store(dbeta_ref.at[program, cols], dbeta, mask=cols < width)
 
 
 def _forward(x2, gamma, beta, run: _Run):
@@ -176,7 +187,7 @@ def _layer_norm_2d_backward(run, saved, dy):
 
     def kernels(x2, dy, mean, rstd, gamma):
         rows, width = x2.shape
-        programs = pl.cdiv(rows, ROWS)
+        programs = pl.cdiv(rows, ROWS * BACKWARD_TILES)
         kernel = functools.partial(_backward_kernel, width=width, block=_block(width))
 
         def ordered(x_ref, dy_ref, mean_ref, rstd_ref, gamma_ref, *outs):
