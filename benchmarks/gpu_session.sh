@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
 #   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
 #   run --with_modernbert                        bench_gpu.py's ModernBERT phases too
+#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 3 minutes): attention alone
+#                                                (bench_attention_gpu.py), the step traced over one timed call, and
+#                                                the step with Pallas's attention at the tiles that beat cuDNN's alone
 #
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same

@@ -257,9 +257,10 @@ def test_the_gpu_sessions_script_parses_and_names_variants_the_benchmark_has():
     would cost the card's part its figures)."""
     script = ROOT / "benchmarks" / "gpu_session.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    refused = subprocess.run(["bash", str(script), "run", "--bogus"], capture_output=True, text=True, timeout=30)
-    assert refused.returncode == 2 and "unknown option --bogus" in refused.stderr
-    asked = re.search(r"--variants ([\w ]+)$", script.read_text(), re.MULTILINE)[1].split()
+    for command in ("run", "probe"):
+        refused = subprocess.run(["bash", str(script), command, "--bogus"], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 2 and "unknown option --bogus" in refused.stderr
+    asked = [v for line in re.findall(r"--variants ([\w ]+)$", script.read_text(), re.MULTILINE) for v in line.split()]
     changes = re.search(r"^CHANGES = \(([^)]*)\)", (ROOT / "benchmarks" / "bench_step_variants.py").read_text(),
                         re.MULTILINE)[1]
     assert asked and set(asked) <= set(re.findall(r'"(\w+)"', changes)), asked
