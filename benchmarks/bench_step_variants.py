@@ -46,6 +46,14 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   the rows each way, the weights' gradients as partial sums), where the H100 measured XLA's norms at 7.4 ms of a 53 ms
   step. Measured on an H100 as a candidate, with XLA's Triton GEMMs still on: 1.016x (the kernels'); estimated under
   jax 0.11.2 for the package's step since: 40.1 (this) -> 38.4 ms, the residual copies gone too.
+- ``two_sigmoids``: the tanh GELU's gradient as it was before 2026-11-28, its two sigmoids two exponentials and two
+  divisions per element, where the package's takes one of each: on an H200 the kernel (the gradient with the
+  feed-forward bias's) took 0.274 ms per block at 2.2 TB/s, half the card's copy rate, bound by its arithmetic.
+  Predicted: up to -1 ms per step (2%); nothing if the kernel was bound by its bytes. A roofline cannot see it.
+- ``eight_row_partials``: the Pallas norms' backward with a program per 8-row tile, as before 2026-11-28, where the
+  package's loops over four: four times the partial sums of the weights' gradients to write and to add up (summing
+  them took 0.59 ms of the H200's 43 ms step). Estimated for the H200 35.3 -> 35.0 ms (72.9 -> 72.0 GB); predicted
+  -0.3 to -0.5 ms.
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -114,7 +122,7 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
-           "pallas_attention")
+           "pallas_attention", "two_sigmoids", "eight_row_partials")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -165,6 +173,12 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(JaxTrainer, "__init__", counting_none))
     if "xla_layernorm" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_LAYERNORM": "xla"}))
+    if "eight_row_partials" in changes:
+        from tpu_pretrain.jax_backend import gpu_layer_norm
+
+        patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "two_sigmoids" in changes:
+        patches.enter_context(mock.patch.object(model, "tanh_gelu", two_sigmoids_gelu(lean_layers.tanh_gelu)))
     for change, option in (("dot_merger", "xla_gpu_dot_merger_threshold_mb"),
                            ("triton_gemm", "xla_gpu_enable_triton_gemm")):
         if change in changes:  # XLA's default again: the package's option left out
@@ -200,6 +214,31 @@ def pallas_attention(masked, interpret: bool = False):
         return kernel(q, k, v, attend, document_ids(None, attend, None) if documents is None else documents)
 
     return call
+
+
+def two_sigmoids_gelu(tanh_gelu):
+    """``tanh_gelu`` with the gradient it had before 2026-11-28: its two sigmoids each an exponential and a division
+    (``two_sigmoids``), the forward unchanged (cuBLASLt's epilogue on a GPU)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from tpu_pretrain.jax_backend.lean_layers import _TANH_CUBIC, _TANH_SCALE
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+    def gelu(x, for_gpu):
+        return tanh_gelu(x, for_gpu)
+
+    def backward(for_gpu, x, grad):
+        x32 = x.astype(jnp.float32)
+        twice = 2 * _TANH_SCALE * (x32 + _TANH_CUBIC * x32 * x32 * x32)
+        cdf = jax.nn.sigmoid(twice)
+        slope = cdf + 2 * x32 * cdf * jax.nn.sigmoid(-twice) * _TANH_SCALE * (1.0 + 3 * _TANH_CUBIC * x32 * x32)
+        return ((grad.astype(jnp.float32) * slope).astype(x.dtype),)
+
+    gelu.defvjp(lambda x, for_gpu: (gelu(x, for_gpu), x), backward)
+    return gelu
 
 
 def remat_call(call):

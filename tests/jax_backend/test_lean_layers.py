@@ -15,6 +15,7 @@ compiler folds into the GEMMs (``product + total``; autodiff writes ``total + pr
 
 import functools
 import math
+import re
 from unittest import mock
 
 import numpy as np
@@ -71,6 +72,17 @@ def test_the_gpus_tanh_gelu_is_jaxs_form_in_the_inputs_dtype():
     np.testing.assert_array_equal(tanh_gelu(x, True), jax.nn.gelu(x, approximate=True))
     np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(tanh_gelu(v, True).astype(jnp.float32)))(x),
                                   jax.grad(lambda v: jnp.sum(tanh_gelu(v, False).astype(jnp.float32)))(x))
+
+
+def test_the_tanh_gelus_gradient_takes_one_exponential_and_one_division():
+    """Its two sigmoids from one exponential and one division: with two of each (jax.nn.sigmoid twice) the gradient's
+    kernel was the GPU's largest that is not a matmul, bound by its arithmetic, not its bytes (an H200's trace)."""
+    x = X.astype(jnp.bfloat16)
+    for for_gpu in (True, False):
+        gradient = jax.grad(lambda v, gpu=for_gpu: jnp.sum(tanh_gelu(v, gpu).astype(jnp.float32)))
+        program = str(jax.make_jaxpr(gradient)(x))
+        assert len(re.findall(r"= exp\b", program)) == 1 and len(re.findall(r"= div\b", program)) == 1, program
+        assert "logistic" not in program
 
 
 @pytest.mark.parametrize("name, gelu, approximate", GELUS)

@@ -77,11 +77,16 @@ def _tanh_gelu_forward(x, for_gpu):
 
 
 def _tanh_gelu_backward(for_gpu, x, grad):
-    # (1 + tanh u) / 2 = sigmoid(2u), and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u): no cancellation where tanh ~ -1
+    # (1 + tanh u) / 2 = sigmoid(2u), and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u): no cancellation where tanh ~ -1.
+    # Both sigmoids from one exponential and one division (a = exp(-|2u|) never overflows; sigmoid(2u) sigmoid(-2u) =
+    # a / (1 + a)^2 either side of 0): the two sigmoids' two of each made this the GPU's largest kernel that is not a
+    # matmul (0.27 ms per block of BERT-base at batch 256 on an H200, issue-bound at half the card's memory rate)
     x32 = x.astype(jnp.float32)
     twice = 2 * _TANH_SCALE * (x32 + _TANH_CUBIC * x32 * x32 * x32)
-    cdf = jax.nn.sigmoid(twice)
-    slope = cdf + 2 * x32 * cdf * jax.nn.sigmoid(-twice) * _TANH_SCALE * (1.0 + 3 * _TANH_CUBIC * x32 * x32)
+    a = jnp.exp(-jnp.abs(twice))
+    r = 1.0 / (1.0 + a)
+    cdf = jnp.where(twice >= 0, r, a * r)
+    slope = cdf + 2 * x32 * (a * r * r) * _TANH_SCALE * (1.0 + 3 * _TANH_CUBIC * x32 * x32)
     return ((grad.astype(jnp.float32) * slope).astype(x.dtype),)
 
 
