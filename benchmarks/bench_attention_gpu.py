@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from support import parse_args  # noqa: E402
+from support import kernel_time, parse_args  # noqa: E402
 
 from tpu_pretrain.jax_backend.attention import fused_attention  # noqa: E402
 
@@ -86,19 +85,11 @@ def timed(attention, arrays, iterations: int) -> tuple[float, float]:
     q, k, v, attend, documents = arrays
     cotangent = jax.random.normal(jax.random.PRNGKey(1), q.shape, q.dtype)
 
-    @jax.jit
     def forward_backward(q, k, v):
         out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, attend, documents), q, k, v)
         return out, pullback(cotangent)
 
-    start = time.perf_counter()
-    jax.block_until_ready(forward_backward(q, k, v))
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(iterations):
-        result = forward_backward(q, k, v)
-    jax.block_until_ready(result)
-    return first, (time.perf_counter() - start) / iterations * 1e3
+    return kernel_time(forward_backward, (q, k, v), iterations)
 
 
 def reference(arrays):

@@ -7,9 +7,9 @@
 #   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
 #   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
 #   run --with_modernbert                        bench_gpu.py's ModernBERT phases too
-#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 3 minutes): attention alone
-#                                                (bench_attention_gpu.py), the step traced over one timed call, and
-#                                                the step with Pallas's attention at the tiles that beat cuDNN's alone
+#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 3 minutes): the norm's and the GELU's
+#                                                kernels alone (bench_kernels_gpu.py), attention alone
+#                                                (bench_attention_gpu.py), the step traced over one timed call
 #
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
@@ -86,9 +86,9 @@ run() {
 }
 
 probe() {
-    # where the step's attention could go faster, and where its time goes: attention alone (cuDNN's paths, XLA's,
-    # Pallas's at several tiles), the step traced over one full call, and the step with Pallas's attention at the
-    # tiles that beat cuDNN's alone, if any did (about 4 minutes, 6 at most)
+    # the step's largest kernels that are not matrix products, alone (bench_kernels_gpu.py: the Pallas norm's tiles,
+    # the GELU's gradient in both forms), attention alone (bench_attention_gpu.py), and the step traced over one
+    # timed call: about 3 minutes, 5 at most
     local smoke=""
     for arg in "$@"; do
         case $arg in
@@ -103,31 +103,16 @@ probe() {
             "$GPU"/whl/*.whl || exit 1
         export PYTHONPATH=/tmp/site:$PWD
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
-        local python=python3 step=(--model_size base --batch 256 --steps 20 --steps_per_execution 20) steps=(--steps 40)
+        local python=python3 step=(--model_size base --batch 256 --steps 20 --steps_per_execution 20)
     else
         export PYTHONPATH=$PWD
-        local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) steps=(--smoke)
+        local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke)
     fi
-    part attention 130 "$python" benchmarks/bench_attention_gpu.py $smoke --json "$OUT/attention.json"
+    part kernels 90 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
+    part attention 110 "$python" benchmarks/bench_attention_gpu.py $smoke --json "$OUT/attention.json"
     part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
     # the trace itself only where it fits what the device tool brings back (16 MiB a file)
     find "$OUT/profile" -name trace.json.gz -size +15M -delete 2>/dev/null
-    local tiles
-    tiles=$("$python" - "$OUT/attention.json" <<'EOF'
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "ms" in r and r["shape"].startswith("bert")]
-cudnn = min((r["ms"] for r in rows if r["name"] == "cudnn_lengths"), default=None)
-best = min((r for r in rows if r["name"].startswith("pallas")), key=lambda r: r["ms"], default=None)
-if best and (cudnn is None or best["ms"] < cudnn):
-    print(",".join(t.lstrip("ws") for t in best["name"].split("_")[1:]))
-EOF
-)
-    if [ -n "$tiles" ]; then
-        BENCH_PALLAS_TILES=$tiles part variants 130 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
-            --variants base pallas_attention
-    else
-        echo "== variants: no Pallas tiles beat cuDNN's attention alone; the step not timed with them"
-    fi
     echo "== done: $OUT"
 }
 

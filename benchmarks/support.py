@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from tpu_pretrain.config import Config
@@ -18,7 +19,8 @@ from tpu_pretrain.data.random_data import random_batch, write_random_data_folder
 from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.vocab import build_vocab
 
-__all__ = ["corpus_spec", "corpus_specs", "modern_data", "parse_args", "random_batch", "where_the_work_went",
+__all__ = ["corpus_spec", "corpus_specs", "kernel_time", "modern_data", "parse_args", "random_batch",
+           "where_the_work_went",
            "write_random_data_folder"]
 
 SMOKE_NOTE = ("smoke mode ({}): this proves the benchmark runs end to end; its figures are meaningless "
@@ -83,3 +85,20 @@ def modern_data(args, corpus: Path, separator: str, work: Path) -> tuple[str, Pa
         max_seq_length=args.max_seq_length, dupe_factor=args.dupe_factor, eval_fraction=args.eval_fraction,
         do_whole_word_mask=True, workers=1))
     return vocab.path, data
+
+
+def kernel_time(call, arguments: tuple, iterations: int) -> tuple[float, float]:
+    """(seconds to compile and run once, milliseconds per call) of ``jax.jit(call)(*arguments)``: the calls are
+    dispatched back to back and waited for once, so the figure is the device's, not the host's (a kernel's
+    benchmark; JAX is imported here, not by the benchmarks that need none)."""
+    import jax
+
+    jitted = jax.jit(call)
+    start = time.perf_counter()
+    jax.block_until_ready(jitted(*arguments))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(iterations):
+        result = jitted(*arguments)
+    jax.block_until_ready(result)
+    return first, (time.perf_counter() - start) / iterations * 1e3

@@ -53,6 +53,7 @@ ROWS = 8  # rows per tile: 8 x 1,024 float32 values in registers across 4 warps
 # tiles a backward program loops over, summing the weights' gradients as it goes: its partial sums are a row per 32
 # rows, not per 8 (an H200's trace of 2026-11-28: summing 8-row partials cost 0.59 ms of a 43 ms BERT-base step)
 BACKWARD_TILES = 4
+WARPS = 4  # per program, each way
 
 
 def layer_norm_path(setting: str | None = None) -> str:
@@ -165,7 +166,7 @@ def _forward(x2, gamma, beta, run: _Run):
         kernel = functools.partial(_forward_kernel, eps=run.eps, width=width, block=_block(width))
         return pl.pallas_call(
             kernel, grid=(pl.cdiv(rows, ROWS),), interpret=run.interpret, name="layer_norm_forward",
-            compiler_params=plgpu.CompilerParams(num_warps=4),
+            compiler_params=plgpu.CompilerParams(num_warps=WARPS),
             out_shape=[jax.ShapeDtypeStruct(x2.shape, x2.dtype), jax.ShapeDtypeStruct((rows,), jnp.float32),
                        jax.ShapeDtypeStruct((rows,), jnp.float32)])(x2, gamma, beta)
 
@@ -195,7 +196,7 @@ def _layer_norm_2d_backward(run, saved, dy):
 
         return pl.pallas_call(
             ordered, grid=(programs,), interpret=run.interpret, name="layer_norm_backward",
-            compiler_params=plgpu.CompilerParams(num_warps=4),
+            compiler_params=plgpu.CompilerParams(num_warps=WARPS),
             out_shape=[jax.ShapeDtypeStruct(x2.shape, x2.dtype),
                        jax.ShapeDtypeStruct((programs, width), jnp.float32),
                        jax.ShapeDtypeStruct((programs, width), jnp.float32)])(x2, dy, mean, rstd, gamma)

@@ -1,0 +1,111 @@
+"""The BERT-base step's largest kernels that are not matrix products, alone on a GPU: the package's Pallas LayerNorm
+(forward and backward) at several tile shapes, and the tanh GELU's gradient with the feed-forward bias's in the
+package's form and the form before it.
+
+Usage: KERAS_BACKEND=jax python benchmarks/bench_kernels_gpu.py [--json OUT.json] [--iterations 50] [--smoke]
+
+Why: issue 42. On an H200's trace of the step (benchmarks/GPU_NOTES.md, 2026-11-28) the GELU's gradient took 0.274
+ms per block at 2.2 TB/s and the norms ran at ~2.8 TB/s, where the card copies at ~4.3: a tile shape or a formula
+is judged here in seconds, on the step's own shapes (32,768 rows of 768 for a norm, of 3,072 for the GELU), where a
+step variant costs a compile each. Each row prints milliseconds and the rate its bytes move at (what it must read
+and write once; the norm's backward without its partial sums). The package's tiles are the first norm row
+(:data:`tpu_pretrain.jax_backend.gpu_layer_norm.ROWS`, ``BACKWARD_TILES``, ``WARPS``), patched for the others.
+``--smoke``: small shapes on the CPU, the Pallas kernels in their interpreter (figures meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from bench_step_variants import two_sigmoids_gelu  # noqa: E402
+from support import kernel_time, parse_args  # noqa: E402
+
+from tpu_pretrain.jax_backend import gpu_layer_norm  # noqa: E402
+from tpu_pretrain.jax_backend.lean_layers import tanh_gelu  # noqa: E402
+
+# (rows per tile, tiles per backward program, warps): the package's first
+NORM_TILES = ((gpu_layer_norm.ROWS, gpu_layer_norm.BACKWARD_TILES, gpu_layer_norm.WARPS), (8, 1, 4), (8, 8, 4),
+              (16, 2, 4), (16, 4, 8), (4, 8, 4))
+
+
+def norm_rows(rows: int, width: int, iterations: int, configs: int) -> list[dict]:
+    """The Pallas norm forward, and forward and backward (the input's gradient and the weights'), at the first
+    ``configs`` of NORM_TILES."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = (jax.random.normal(keys[0], (rows, width)) * 2 + 1).astype(jnp.bfloat16)
+    dy = jax.random.normal(keys[1], (rows, width)).astype(jnp.bfloat16)
+    gamma, beta = 1 + 0.1 * jax.random.normal(keys[2], (2, width))
+    activation = rows * width * 2
+    out = []
+    for tile, tiles, warps in NORM_TILES[:configs]:
+        with mock.patch.multiple(gpu_layer_norm, ROWS=tile, BACKWARD_TILES=tiles, WARPS=warps):
+            def forward(x, gamma, beta):
+                return gpu_layer_norm.layer_norm(x, gamma, beta, 1e-12)
+
+            def both(x, gamma, beta):
+                y, pullback = jax.vjp(forward, x, gamma, beta)
+                return y, pullback(dy)
+
+            passes = {"forward": (forward, 2 * activation), "forward+backward": (both, 5 * activation)}
+            for what, (call, moved) in passes.items():
+                out.append(timed_row(f"layer_norm_rows{tile}_tiles{tiles}_w{warps}", what, call, (x, gamma, beta),
+                                     moved, iterations))
+    return out
+
+
+def gelu_rows(rows: int, width: int, iterations: int) -> list[dict]:
+    """The tanh GELU's gradient with the bias's (autodiff's transpose of the bias broadcast: XLA fuses the two), in
+    the package's form and the form with two sigmoids."""
+    keys = jax.random.split(jax.random.PRNGKey(1), 2)
+    pre = (jax.random.normal(keys[0], (rows, width)) * 2).astype(jnp.bfloat16)
+    dy = jax.random.normal(keys[1], (rows, width)).astype(jnp.bfloat16)
+    on_gpu = jax.default_backend() == "gpu"
+    out = []
+    for name, gelu in (("one_exponential", tanh_gelu), ("two_sigmoids", two_sigmoids_gelu(tanh_gelu))):
+        def gradient(pre, dy, gelu=gelu):
+            bias = jnp.zeros((width,), pre.dtype)
+            _, pullback = jax.vjp(lambda h, b: gelu(h + b, on_gpu), pre, bias)
+            return pullback(dy)
+
+        out.append(timed_row(f"gelu_gradient_{name}", "backward with the bias's", gradient, (pre, dy),
+                             3 * rows * width * 2, iterations))
+    return out
+
+
+def timed_row(name: str, what: str, call, arguments: tuple, moved: int, iterations: int) -> dict:
+    try:
+        first, ms = kernel_time(call, arguments, iterations)
+    except Exception as exc:  # a tile the kernel refuses costs its row only
+        print(f"{name:34} {what:26} failed: {type(exc).__name__}: {str(exc).strip()[:160]}", flush=True)
+        return {"name": name, "what": what, "error": f"{type(exc).__name__}: {exc}"[:400]}
+    print(f"{name:34} {what:26} {ms:8.4f} ms ({moved / ms / 1e9:5.2f} TB/s of its bytes); first {first:.1f} s",
+          flush=True)
+    return {"name": name, "what": what, "ms": round(ms, 5), "tb_per_s": round(moved / ms / 1e9, 3),
+            "first_s": round(first, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=256 * 128, help="tokens: BERT-base at batch 256, length 128")
+    parser.add_argument("--json", type=Path, default=None, help="the rows written here too")
+    parser.add_argument("--norm_configs", type=int, default=len(NORM_TILES), help="how many of the norm's tiles")
+    args = parse_args(parser, smoke={"iterations": 2, "rows": 40, "norm_configs": 2},
+                      what="40 rows on the CPU, two of the norm's tiles, Pallas interpreted")
+    print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; {args.rows} rows", flush=True)
+    rows = norm_rows(args.rows, 768, args.iterations, args.norm_configs) + gelu_rows(args.rows, 3072, args.iterations)
+    if args.json:
+        args.json.write_text(json.dumps({"device": jax.devices()[0].device_kind, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
