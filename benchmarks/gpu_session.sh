@@ -42,6 +42,18 @@ EOF
     echo "ready: run 'bash benchmarks/gpu_session.sh run' on the card, carrying $GPU"
 }
 
+begin() {  # begin SMOKE: $OUT, the environment; on the card (SMOKE empty) the carried wheels and the card's names
+    OUT=${OUT:-$(mktemp -d)}
+    export PYTHONUNBUFFERED=1 KERAS_BACKEND=jax PYTHONPATH=$PWD
+    [ -n "$1" ] && return
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$GPU"/whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
+    python3 -c "import jax, keras, torch, transformers; print('jax', jax.__version__, 'keras', keras.__version__, \
+'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())" | tee -a "$OUT/card.txt"
+}
+
 part() {  # part NAME SECONDS COMMAND...: one part under its timeout, its output teed to $OUT/NAME.log
     local name=$1 seconds=$2
     shift 2
@@ -62,26 +74,19 @@ run() {
             *) echo "run: unknown option $arg" >&2; exit 2 ;;
         esac
     done
-    OUT=${OUT:-$(mktemp -d)}
-    export PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
+    begin "$smoke"
     if [ -z "$smoke" ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            "$GPU"/whl/*.whl || exit 1
-        export PYTHONPATH=/tmp/site:$PWD
-        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
-        python3 -c "import jax, keras, torch, transformers; print('jax', jax.__version__, 'keras', keras.__version__, \
-'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())" | tee -a "$OUT/card.txt"
         local python=python3 corpus=$GPU/wikitext2_valid.txt steps=(--steps 60)
     else
-        export PYTHONPATH=$PWD
         local python=${PYTHON:-.venv-jax/bin/python} corpus=../shared/corpora/wikitext2_valid.txt steps=(--smoke)
     fi
     part variants 180 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
         --variants base two_sigmoids eight_row_partials
     part bench_gpu $((budget + 25)) "$python" benchmarks/bench_gpu.py $smoke "${skip[@]}" --corpus "$corpus" \
         --json "$OUT/bench_gpu.json" --budget_s "$budget"
-    # the device tool brings back at most 8 files, none deeper than two folders: the logs' folder as one archive
-    tar -czf "$OUT/bench_gpu_logs.tgz" -C "$OUT" bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
+    # the device tool brings back at most 8 files of 16 MiB, none deeper than two folders: the logs' folder as one
+    # archive, without the step's trace (its summary is in bench_gpu.json; `probe` brings a trace back)
+    tar -czf "$OUT/bench_gpu_logs.tgz" --exclude=trace.json.gz -C "$OUT" bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
     echo "== done: $OUT"
 }
 
@@ -96,16 +101,10 @@ probe() {
             *) echo "probe: unknown option $arg" >&2; exit 2 ;;
         esac
     done
-    OUT=${OUT:-$(mktemp -d)}
-    export PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
+    begin "$smoke"
     if [ -z "$smoke" ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            "$GPU"/whl/*.whl || exit 1
-        export PYTHONPATH=/tmp/site:$PWD
-        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
         local python=python3 step=(--model_size base --batch 256 --steps 20 --steps_per_execution 20)
     else
-        export PYTHONPATH=$PWD
         local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke)
     fi
     part kernels 90 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
