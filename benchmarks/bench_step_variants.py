@@ -48,7 +48,7 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   jax 0.11.2 for the package's step since: 40.1 (this) -> 38.4 ms, the residual copies gone too.
 - ``two_sigmoids``: the tanh GELU's gradient as it was before 2026-11-28, its two sigmoids two exponentials and two
   divisions per element, where the package's takes one of each: on an H200 the kernel (the gradient with the
-  feed-forward bias's) took 0.274 ms per block at 2.2 TB/s, half the card's copy rate, bound by its arithmetic.
+  feed-forward bias's) took 0.274 ms per block at 2.2 TB/s, half the card's copy rate (its arithmetic, by count).
   Predicted: up to -1 ms per step (2%); nothing if the kernel was bound by its bytes. A roofline cannot see it.
 - ``eight_row_partials``: the Pallas norms' backward with a program per 8-row tile, as before 2026-11-28, where the
   package's loops over four: four times the partial sums of the weights' gradients to write and to add up (summing
