@@ -63,7 +63,8 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
-  an H100, 0.949x: cuDNN's stays.
+  an H100 at Pallas's default tiles, 0.949x; on an H200 at the tiles fastest alone (:data:`PALLAS_ATTENTION_TILES`),
+  1.000x: cuDNN's stays.
 - ``remat``: each block under ``jax.checkpoint``, saving only the GEMMs' outputs and the attention's (a policy):
   the LayerNorms and the GELU are recomputed inside the backward pass's fusions instead of their forward writing
   what the backward reads (:func:`kept_for_backward` on a CPU's attention path, BERT-base at 128, per token and
@@ -126,6 +127,8 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
+# pallas_attention's tiles: the fastest of bench_attention_gpu.py's alone at length 128 on an H200 (2026-11-28)
+PALLAS_ATTENTION_TILES = (128, 64, 64, 4, 3)
 
 
 def variant(name: str) -> contextlib.ExitStack:
@@ -196,17 +199,14 @@ def variant(name: str) -> contextlib.ExitStack:
 
 def pallas_attention(masked, interpret: bool = False):
     """``masked_attention`` by JAX's Pallas (Triton) flash attention (``pallas.ops.gpu.attention.mha``; padding and
-    documents as its segment ids) on a GPU or with ``interpret``, else ``masked`` (``pallas_attention``), at the
-    tiles ``BENCH_PALLAS_TILES`` names (``Q,K,BACKWARD,WARPS,STAGES`` as :mod:`bench_attention_gpu` names its rows;
-    unset: Pallas's defaults)."""
-    from bench_attention_gpu import PALLAS_TILES, pallas_call
+    documents as its segment ids) on a GPU or with ``interpret``, else ``masked`` (``pallas_attention``), at
+    :data:`PALLAS_ATTENTION_TILES`."""
+    from bench_attention_gpu import pallas_call
 
     from tpu_pretrain.jax_backend.devices import target_platform
     from tpu_pretrain.jax_backend.documents import document_ids
 
-    tiles = os.environ.get("BENCH_PALLAS_TILES", "")
-    tiles = tuple(int(t) if t.isdigit() else None for t in tiles.split(",")) if tiles else PALLAS_TILES[0]
-    kernel = pallas_call(tiles, interpret)
+    kernel = pallas_call(PALLAS_ATTENTION_TILES, interpret)
 
     def call(q, k, v, attend, documents=None, window=None, path="auto", mesh=None):
         if window is not None or not (interpret or target_platform(mesh) == "gpu"):

@@ -20,8 +20,7 @@ from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.vocab import build_vocab
 
 __all__ = ["corpus_spec", "corpus_specs", "kernel_time", "modern_data", "parse_args", "random_batch",
-           "where_the_work_went",
-           "write_random_data_folder"]
+           "where_the_work_went", "write_random_data_folder"]
 
 SMOKE_NOTE = ("smoke mode ({}): this proves the benchmark runs end to end; its figures are meaningless "
               "(run it without --smoke to measure)")
