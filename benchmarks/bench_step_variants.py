@@ -54,6 +54,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   package's loops over four: four times the partial sums of the weights' gradients to write and to add up (summing
   them took 0.59 ms of the H200's 43 ms step). Estimated for the H200 35.3 -> 35.0 ms (72.9 -> 72.0 GB); predicted
   -0.3 to -0.5 ms.
+- ``full_last_block``: BERT's last block at every position, its output gathered at the loss's rows after, as before
+  2026-11-28, where the package's computes that block's queries, output projection, feed-forward and norms at those
+  rows only (``model.TransformerBlock.call_at_rows``; keys and values at every position): 5.5% of BERT-base's FLOPs
+  at 128 with 20 predictions. Estimated for the H200: 35.0 -> 33.6 ms per step (the matrix products 27.6 -> 26.2,
+  the rows' explicit attention and gather adding ~0.3 ms where cuDNN's block and the norms' and GELU's rows go).
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -123,7 +128,7 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
-           "pallas_attention", "two_sigmoids", "eight_row_partials")
+           "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -180,6 +185,8 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import gpu_layer_norm
 
         patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "full_last_block" in changes:
+        patches.enter_context(mock.patch.object(model.PretrainingBert, "last_block_at_rows", False))
     if "two_sigmoids" in changes:
         patches.enter_context(mock.patch.object(model, "tanh_gelu", two_sigmoids_gelu(lean_layers.tanh_gelu)))
     for change, option in (("dot_merger", "xla_gpu_dot_merger_threshold_mb"),

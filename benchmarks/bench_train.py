@@ -100,7 +100,7 @@ def main() -> None:
 
     accelerator = detect_accelerator("auto", jit_compile=args.jit)
     cfg = bert_config_for_size(args.model_size, args.vocab)
-    flops = training_flops_per_sequence(cfg, args.seq, args.pred)
+    flops = training_flops_per_sequence(cfg, args.seq, args.pred, "tensorflow")
     peak = matmul_peak_flops(2048, seconds=args.matmul_seconds)
     print(f"device: {accelerator.describe()}; peak (2048^3 float32 matmul): {peak / 1e9:.1f} GFLOP/s")
     print(f"model {args.model_size}, batch {args.batch}, length {args.seq}, {args.pred} predictions, "

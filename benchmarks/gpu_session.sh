@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's measurements for issue 42, prepared on the development machine and run on the lent card in one
-# call of the device tool (a session has 15 minutes of device time, a call 10: this takes about 6 and 9 at most).
+# call of the device tool (a session has 15 minutes of device time, a call 10: this takes about 7 and 9.5 at most).
 #
 #   bash benchmarks/gpu_session.sh prepare       here: the wheels the card's image lacks (Keras, namex, optree,
 #                                                google-crc32c) and the corpus, into .gpu/ (git ignores it)
@@ -14,7 +14,8 @@
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
 #    data, seeds and loss): two_sigmoids (the tanh GELU's gradient with two exponentials and two divisions, not one
-#    of each) and eight_row_partials (the Pallas norms' backward writing partial sums per 8 rows, not per 32);
+#    of each), eight_row_partials (the Pallas norms' backward writing partial sums per 8 rows, not per 32) and
+#    full_last_block (BERT's last block at every position, not only at the rows the loss reads);
 #    benchmarks/GPU_NOTES.md has what each was predicted to move.
 # 2. bench_gpu.py: the step, the command's steady rate, both PyTorch peers (ModernBERT at 1,024, whose goal two
 #    cards met, left out for time: `run --with_modernbert` keeps it, past a call's 10 minutes if all runs long).
@@ -80,8 +81,8 @@ run() {
     else
         local python=${PYTHON:-.venv-jax/bin/python} corpus=../shared/corpora/wikitext2_valid.txt steps=(--smoke)
     fi
-    part variants 180 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
-        --variants base two_sigmoids eight_row_partials
+    part variants 210 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
+        --variants base two_sigmoids eight_row_partials full_last_block
     part bench_gpu $((budget + 25)) "$python" benchmarks/bench_gpu.py $smoke "${skip[@]}" --corpus "$corpus" \
         --json "$OUT/bench_gpu.json" --budget_s "$budget"
     # the device tool brings back at most 8 files of 16 MiB, none deeper than two folders: the logs' folder as one

@@ -130,7 +130,8 @@ class RunPlan:
 
     def training_flops_per_sequence(self) -> float:
         d = self.config.data
-        return self.family.training_flops(self.model_config, d.max_seq_length, d.max_predictions_per_seq)
+        return self.family.training_flops(self.model_config, d.max_seq_length, d.max_predictions_per_seq,
+                                          self.config.train.backend)
 
 
 def _decide_run_settings(config: Config, data: DataInfo, backend: str | None) -> None:

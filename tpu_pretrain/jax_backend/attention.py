@@ -138,13 +138,17 @@ def fused_attention(q, k, v, attend, path: str = "auto", documents=None, window=
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
 
 
-def explicit_attention(q, k, v, mask, dropout=None, training=False):
-    """The same attention written out (Google BERT's order): scores in the inputs' dtype, softmax in float32 with
-    :data:`MASK_BIAS` added where ``mask`` (:func:`attention_mask`) is False, ``dropout`` (a Keras layer) on the
-    probabilities, then the weighted sum. A ``[batch, length]`` mask is padding alone."""
+def explicit_attention(q, k, v, mask, dropout=None, training=False, float32_scores=False):
+    """The same attention written out (Google BERT's order): scores in the inputs' dtype (``float32_scores``: in
+    float32, as the fused kernels keep them), softmax in float32 with :data:`MASK_BIAS` added where ``mask``
+    (:func:`attention_mask`) is False, ``dropout`` (a Keras layer) on the probabilities, then the weighted sum. A
+    ``[batch, length]`` mask is padding alone; the queries may be fewer than the keys."""
     mask = mask[:, None, None, :] if mask.ndim == 2 else mask
     q, k, v = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
-    scores = jnp.matmul(q, jnp.transpose(k, (0, 1, 3, 2))) / math.sqrt(q.shape[-1])
+    qs, ks = (q.astype(jnp.float32), k.astype(jnp.float32)) if float32_scores and q.dtype == jnp.float16 else (q, k)
+    # float16 products with float32 results are refused by CPUs' and TPUs' compilers: float16 is cast first
+    scores = jnp.matmul(qs, jnp.transpose(ks, (0, 1, 3, 2)),
+                        preferred_element_type=jnp.float32 if float32_scores else None) / math.sqrt(q.shape[-1])
     bias = jnp.where(mask, 0.0, MASK_BIAS).astype(jnp.float32)
     probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1).astype(q.dtype)
     if dropout is not None:

@@ -2,7 +2,7 @@
 
 Post-LayerNorm BERT (embeddings summed and normalised, then self-attention and feed-forward blocks each
 followed by a residual LayerNorm), the MLM head computed only at the masked positions and tied to the
-token embeddings, and an optional NSP head: the shape of :mod:`..tf_backend.model` and of Google's BERT, so
+token embeddings, and an optional NSP head (the last block computed only at the rows those heads read): the shape of :mod:`..tf_backend.model` and of Google's BERT, so
 weights move between the backends by Google's checkpoint names (:func:`google_variables`). Every weight
 matrix gets its own truncated-normal draw. keras-hub's BERT layers are not used: keras-hub requires
 ``tensorflow-text``, which brings TensorFlow back in.
@@ -145,12 +145,41 @@ class TransformerBlock(keras.layers.Layer):
             context = masked_attention(q, k, v, attend, documents, None, self.attention, mesh)
         return ops.reshape(context, x.shape), x
 
-    def call(self, x, attend, documents=None, training=False, mesh=None):
+    def call(self, x, attend, documents=None, training=False, mesh=None, rows=None):
+        """The block's output ``[batch, length, hidden]``; given ``rows``, at those rows only (:meth:`call_at_rows`)."""
+        if rows is not None:
+            return self.call_at_rows(x, rows, attend, documents, training, mesh)
         context, x = self.context(x, attend, documents, training, mesh)
+        return self.after_attention(x, context, training, mesh)
+
+    def after_attention(self, x, context, training=False, mesh=None):
+        """The output projection, residual and norm, then the feed-forward sublayer: for each row of ``x``."""
         x = self.attention_norm(x + self.hidden_dropout(self.attention_output(context), training=training), mesh=mesh)
         gelu = activation(self.hidden_act, target_platform(mesh) == "gpu")
         ffn = self.output_dense(gelu(self.intermediate(x)))
         return self.output_norm(x + self.ffn_dropout(ffn, training=training), mesh=mesh)
+
+    def call_at_rows(self, x, rows, attend, documents=None, training=False, mesh=None):
+        """The block's output at ``rows`` (``[batch, n]`` positions) only: its output gathered at ``rows``, computed
+        with the keys and values of every position but the queries, output projection, feed-forward and norms of
+        those rows alone. The last block's other outputs reach no loss (the MLM head reads the masked positions, NSP
+        the first); BERT-base at 128 with 20 predictions does 5.5% less arithmetic per step this way.
+
+        Attention here is the explicit path with float32 scores: ``n`` queries against every key is a small product,
+        and it takes any ``n`` (cuDNN's and splash's kernels want the queries as long as the keys)."""
+        kernels = tuple(ops.cast(layer.kernel, x.dtype) for layer in (self.key, self.value))
+        k, v, x = shared_input_projections(x, kernels, (None, ops.cast(self.value.bias, x.dtype)),
+                                           target_platform(mesh) == "gpu")
+        picked = one_hot_rows(x, rows)
+        q = ops.matmul(picked, ops.cast(self.query.kernel, x.dtype)) + ops.cast(self.query.bias, x.dtype)
+        mask = attend[:, None, None, :]
+        if documents is not None:
+            own = ops.take_along_axis(documents, rows, axis=1)
+            mask = mask & (own[:, :, None] == documents[:, None, :])[:, None]
+        say_path("explicit for the last block's predicted rows")
+        context = explicit_attention(self._heads(q), self._heads(k), self._heads(v), mask, self.attention_dropout,
+                                     training, float32_scores=True)
+        return self.after_attention(picked, ops.reshape(context, picked.shape), training, mesh)
 
 
 class Bias(keras.layers.Layer):
@@ -174,6 +203,7 @@ class PretrainingBert(keras.Model):
 
     document_separator: int | None = None
     data_mesh = None
+    last_block_at_rows = True  # False: every block at every position, the loss's rows gathered after (the tests)
 
     def __init__(self, config: BertConfig, with_nsp: bool = True, dtype=None, attention: str | None = None,
                  **kwargs):
@@ -197,8 +227,9 @@ class PretrainingBert(keras.Model):
             self.pooler = make.dense(h, "pooler", "tanh")
             self.nsp = make.dense(2, "nsp")
 
-    def encode(self, input_ids, segment_ids, training=False):
-        """The last hidden states ``[batch, length, hidden]``."""
+    def embed(self, input_ids, segment_ids, training=False):
+        """``(x, attend, documents)``: the embeddings summed and normalised, which tokens are not padding, and each
+        token's document (None when documents are not kept apart)."""
         length = input_ids.shape[1]
         attend = input_ids != 0
         documents = None if self.document_separator is None else document_ids(input_ids, attend,
@@ -209,22 +240,39 @@ class PretrainingBert(keras.Model):
             x = x + self.position_embedding(ops.arange(length))[None]
         else:
             x = x + self.position_embedding(document_positions(documents))
-        x = self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training)
+        return self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training), attend, documents
+
+    def encode(self, input_ids, segment_ids, training=False):
+        """The last hidden states ``[batch, length, hidden]``."""
+        x, attend, documents = self.embed(input_ids, segment_ids, training)
         for block in self.blocks:
             x = block(x, attend, documents, training=training, mesh=self.data_mesh)
         return x
 
+    def encode_rows(self, input_ids, segment_ids, rows, training=False):
+        """The last hidden states at ``rows`` (``[batch, n]`` positions): :meth:`encode`'s gathered, with the last
+        block computed at those rows only (:meth:`TransformerBlock.call_at_rows`) where they are fewer than the
+        positions and :attr:`last_block_at_rows`."""
+        if not (self.last_block_at_rows and rows.shape[1] < input_ids.shape[1]):
+            return one_hot_rows(self.encode(input_ids, segment_ids, training), rows)
+        x, attend, documents = self.embed(input_ids, segment_ids, training)
+        for block in self.blocks[:-1]:
+            x = block(x, attend, documents, training=training, mesh=self.data_mesh)
+        return self.blocks[-1](x, attend, documents, training=training, mesh=self.data_mesh, rows=rows)
+
     def call(self, inputs, training=False):
         input_ids, segment_ids, positions = inputs
-        sequence = self.encode(input_ids, segment_ids, training)
+        positions = ops.cast(positions, "int32")
+        # the rows a loss reads: the masked positions, and the first (NSP's pooler reads it)
+        rows = ops.concatenate([ops.zeros_like(positions[:, :1]), positions], axis=1) if self.with_nsp else positions
+        picked = self.encode_rows(input_ids, segment_ids, rows, training)
         gelu = activation(self.hidden_act, target_platform(self.data_mesh) == "gpu")
-        x = self.mlm_norm(gelu(self.mlm_dense(one_hot_rows(sequence, ops.cast(positions, "int32")))),
-                          mesh=self.data_mesh)
+        x = self.mlm_norm(gelu(self.mlm_dense(picked[:, -positions.shape[1]:])), mesh=self.data_mesh)
         embeddings = ops.cast(self.token_embedding.embeddings, self.compute_dtype)
         mlm_logits = ops.cast(self.mlm_bias(ops.matmul(x, ops.transpose(embeddings))), "float32")
         if not self.with_nsp:
             return [mlm_logits]
-        nsp_logits = self.nsp(self.pooler(sequence[:, 0]))
+        nsp_logits = self.nsp(self.pooler(picked[:, 0]))
         return [mlm_logits, ops.cast(nsp_logits, "float32")]
 
 

@@ -25,7 +25,7 @@ class ModelFamily:
     shape_file: str  # the run folder's file holding that shape
     has_nsp: bool  # whether it can train next-sentence prediction
     stored_names: str  # whose names and layout its weights are stored under, in checkpoints and exports
-    training_flops: Callable  # (model config, max_seq_length, max_predictions_per_seq) -> FLOPs of one sequence
+    training_flops: Callable  # (model config, max_seq_length, max_predictions_per_seq, backend) -> one sequence's FLOPs
     backends: tuple[str, ...]  # the training backends that build it (backend.py's names)
     model_type: str  # what a transformers config.json of this family says it is
     resolve_shape: Callable  # (ShapeRequest) -> its shape, with the family's own checks of the settings and vocab

@@ -233,11 +233,12 @@ def modernbert_config_for_size(model_size: str, vocab_size: int | None = None,
     return replace(config, **shape, **overrides)
 
 
-def training_flops_per_sequence(config: ModernBertConfig, seq: int, pred: int) -> float:
+def training_flops_per_sequence(config: ModernBertConfig, seq: int, pred: int, backend: str = "jax") -> float:
     """Model FLOPs of one training sequence, as :func:`.bert_config.training_flops_per_sequence` counts BERT's:
     fused Q, K, V and the output (8 H^2), the GeGLU MLP (``Wi`` to 2 I, ``Wo`` back: 6 H I), the attention
     products over the whole sequence (the local layers' window is masked, not skipped), the head at the masked
-    positions (dense and tied decoder); backward = 2 x forward."""
+    positions (dense and tied decoder); backward = 2 x forward. Every layer at every position: the JAX ModernBERT
+    computes its last layer whole (its masked rows alone would save ~2.6% of ModernBERT-base's at 1,024, 30% masked)."""
     layers, hidden, inner, vocab = (config.num_hidden_layers, config.hidden_size, config.intermediate_size,
                                     config.vocab_size)
     forward = layers * (seq * (8 * hidden**2 + 6 * hidden * inner) + 4 * seq**2 * hidden)

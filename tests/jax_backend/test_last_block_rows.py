@@ -1,0 +1,115 @@
+"""BERT's last block computed at the loss's rows only (``TransformerBlock.call_at_rows``: the masked positions, and
+the first for NSP): the same logits and the same gradient for every weight as the whole block gathered after, with
+documents apart, padding, repeated positions and either head set; less arithmetic in the compiled step, by what the
+block's rows account for; and the explicit attention it takes with float32 scores, for queries fewer than the keys.
+"""
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+if importlib.util.find_spec("tensorflow") is not None:
+    pytest.skip("for the environment without TensorFlow (make test-jax-stack)", allow_module_level=True)
+if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
+    pytest.skip("Keras already runs on another backend in this process", allow_module_level=True)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tpu_pretrain.jax_backend.attention import attention_mask, explicit_attention  # noqa: E402
+from tpu_pretrain.jax_backend.model import build_model  # noqa: E402
+from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
+
+SEP, B, T, P = 3, 4, 32, 5
+
+
+def batch():
+    """Two documents per row (a [SEP] at 10), rows padded after 20 and 5 tokens; the positions a data folder gives:
+    real tokens, some repeated, and 0 where a row has fewer predictions (their weight is 0)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 300, (B, T)).astype(np.int32)
+    ids[:, 10] = SEP
+    ids[1, 20:] = 0
+    ids[2, 5:] = 0
+    positions = np.array([[1, 2, 11, 12, 0], [3, 15, 19, 0, 0], [1, 2, 0, 0, 0], [31, 30, 12, 9, 9]], np.int32)
+    return ids, np.zeros((B, T), np.int32), positions
+
+
+def outputs_and_gradients(model, at_rows: bool):
+    ids, segments, positions = batch()
+    model.last_block_at_rows = at_rows
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def loss(weights):
+        out, _ = model.stateless_call(weights, non_trainable, [ids, segments, positions])
+        return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in out), out
+
+    (_, out), grads = jax.value_and_grad(loss, has_aux=True)([v.value for v in model.trainable_variables])
+    return out, grads
+
+
+@pytest.mark.parametrize("with_nsp", [True, False])
+@pytest.mark.parametrize("separator", [SEP, None])
+def test_the_last_block_at_the_rows_gives_what_the_whole_block_does(with_nsp, separator):
+    config = bert_config_for_size("L2-H128", 300)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    model = build_model(config, T, P, with_nsp=with_nsp, dtype="float32", attention="xla")
+    model.document_separator = separator
+    rows_out, rows_grads = outputs_and_gradients(model, True)
+    full_out, full_grads = outputs_and_gradients(model, False)
+    assert len(rows_out) == (2 if with_nsp else 1) and rows_out[0].shape == (B, P, 300)
+    for a, b in zip(rows_out, full_out, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=0)
+    for variable, a, b in zip(model.trainable_variables, rows_grads, full_grads, strict=True):
+        scale = float(jnp.max(jnp.abs(b)))
+        assert float(jnp.max(jnp.abs(a - b))) <= 1e-5 * scale, variable.path
+    # the last block's weights get a gradient at all (not only through the rows' residual)
+    last_query = model.blocks[-1].query.kernel
+    query = [g for v, g in zip(model.trainable_variables, rows_grads, strict=True) if v is last_query]
+    assert float(jnp.max(jnp.abs(query[0]))) > 0
+
+
+def step_flops(model, at_rows: bool, length: int, predictions: int) -> float:
+    """The FLOPs XLA's CPU compile counts for the loss and every weight's gradient at one batch of 2."""
+    model.last_block_at_rows = at_rows
+    ids = jnp.ones((2, length), jnp.int32)
+    positions = jnp.zeros((2, predictions), jnp.int32)
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def loss(weights):
+        out, _ = model.stateless_call(weights, non_trainable, [ids, ids * 0, positions])
+        return sum(jnp.sum(o) for o in out)
+
+    compiled = jax.jit(jax.grad(loss)).lower([v.value for v in model.trainable_variables]).compile()
+    analysis = compiled.cost_analysis()
+    return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+
+
+def test_the_step_does_less_arithmetic_by_the_rows_the_loss_does_not_read():
+    """The whole block minus its rows' share: the queries, output projection and feed-forward of the positions the
+    loss does not read, and their attention, forward and backward (3 x); what the rows path adds (the rows' gather,
+    and a gradient for it) is a few percent of that."""
+    config = bert_config_for_size("L2-H128", 300)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    length, predictions = 128, 20
+    model = build_model(config, length, predictions, with_nsp=True, dtype="float32", attention="xla")
+    saved = step_flops(model, False, length, predictions) - step_flops(model, True, length, predictions)
+    h, inner, rows = config.hidden_size, config.intermediate_size, predictions + 1
+    expected = 3 * 2 * (length - rows) * (4 * h * h + 4 * h * inner + 4 * length * h)
+    assert 0.9 * expected <= saved <= 1.02 * expected, (saved, expected)
+
+
+def test_explicit_attention_takes_fewer_queries_than_keys_with_float32_scores():
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.normal(size=(2, 3, 2, 8)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)), jnp.bfloat16) for _ in range(2))
+    attend = jnp.asarray(np.arange(16)[None] < np.array([16, 7])[:, None])
+    out = explicit_attention(q, k, v, attention_mask(attend), float32_scores=True)
+    exact = explicit_attention(*(t.astype(jnp.float32) for t in (q, k, v)), attention_mask(attend))
+    assert out.shape == (2, 3, 2, 8) and out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(exact), atol=2e-2, rtol=0)
+    for dtype in (jnp.float16, jnp.float32):  # float16 is cast first: CPUs refuse float16 dots into float32
+        assert explicit_attention(*(t.astype(dtype) for t in (q, k, v)), attend, float32_scores=True).dtype == dtype
