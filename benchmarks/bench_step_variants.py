@@ -59,6 +59,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   rows only (``model.TransformerBlock.call_at_rows``; keys and values at every position): 5.5% of BERT-base's FLOPs
   at 128 with 20 predictions. Estimated for the H200: 35.0 -> 33.6 ms per step (the matrix products 27.6 -> 26.2,
   the rows' explicit attention and gather adding ~0.3 ms where cuDNN's block and the norms' and GELU's rows go).
+- ``weight_casts``: no bfloat16 copies of the weights carried through a call's steps, as before 2026-11-28: each step's
+  forward pass casts every weight it reads (162 small kernels per BERT-base step on a GPU), where the package's call
+  casts them once and each step's update writes the new copies beside the weights (``step.with_copies``; on a GPU
+  only). Estimated for the H200: 33.6 -> 33.3 ms (1,022 -> 886 kernels); the same weights, exactly.
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -128,7 +132,7 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
-           "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block")
+           "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -185,6 +189,8 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import gpu_layer_norm
 
         patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "weight_casts" in changes:  # no copies carried: every step casts every weight it reads
+        patches.enter_context(mock.patch.object(step, "read_dtypes", lambda apply, params, *rest: [None] * len(params)))
     if "full_last_block" in changes:
         patches.enter_context(mock.patch.object(model.PretrainingBert, "last_block_at_rows", False))
     if "two_sigmoids" in changes:

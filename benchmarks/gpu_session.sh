@@ -14,8 +14,9 @@
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
 #    data, seeds and loss): two_sigmoids (the tanh GELU's gradient with two exponentials and two divisions, not one
-#    of each), eight_row_partials (the Pallas norms' backward writing partial sums per 8 rows, not per 32) and
-#    full_last_block (BERT's last block at every position, not only at the rows the loss reads);
+#    of each), eight_row_partials (the Pallas norms' backward writing partial sums per 8 rows, not per 32),
+#    full_last_block (BERT's last block at every position, not only at the rows the loss reads) and weight_casts
+#    (every step casting every weight, where a call carries their bfloat16 copies);
 #    benchmarks/GPU_NOTES.md has what each was predicted to move.
 # 2. bench_gpu.py: the step, the command's steady rate, both PyTorch peers (ModernBERT at 1,024, whose goal two
 #    cards met, left out for time: `run --with_modernbert` keeps it, past a call's 10 minutes if all runs long).
@@ -82,7 +83,7 @@ run() {
         local python=${PYTHON:-.venv-jax/bin/python} corpus=../shared/corpora/wikitext2_valid.txt steps=(--smoke)
     fi
     part variants 210 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
-        --variants base two_sigmoids eight_row_partials full_last_block
+        --variants base two_sigmoids eight_row_partials full_last_block weight_casts
     part bench_gpu $((budget + 25)) "$python" benchmarks/bench_gpu.py $smoke "${skip[@]}" --corpus "$corpus" \
         --json "$OUT/bench_gpu.json" --budget_s "$budget"
     # the device tool brings back at most 8 files of 16 MiB, none deeper than two folders: the logs' folder as one

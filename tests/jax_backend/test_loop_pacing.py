@@ -6,6 +6,7 @@ figures; the state is read only where an eval, a save or the end needs it.
 Runs in the environment without TensorFlow (``make test-jax-stack``), as the other trainer tests do.
 """
 
+import numpy as np
 import pytest
 
 pytest.importorskip("jax")
@@ -139,3 +140,49 @@ def test_the_rate_counts_each_call_from_the_end_of_the_one_before_when_dispatchi
     assert result.examples_per_second >= 0.6 * own, (result.examples_per_second, own)
     shown = [h["examples_per_second"] for h in result.history]
     assert max(shown[1:]) <= 1.5 * own, shown  # timed by its reading, the first steady call showed several times it
+
+
+def test_weights_copies_carried_through_a_call_train_exactly_as_casting_each_step(data_dir, tmp_path):
+    """A GPU's call carries the weights' bfloat16 copies through its steps (``step.with_copies``: the update writes
+    them, where each step's forward pass would cast every weight again, 162 small kernels per BERT-base step). Forced
+    on the CPU in mixed bfloat16: the matrices and biases get copies, the norms' scales and offsets (read in float32)
+    and the token table (read twice) do not; trained through the loop, the same weights, moments and losses,
+    exactly."""
+    import jax
+
+    from tpu_pretrain.core.loop import run_training
+    from tpu_pretrain.jax_backend.devices import fetch
+    from tpu_pretrain.jax_backend.step import MODEL_INPUTS, gradients, read_dtypes, with_copies
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
+    runs = {}
+    for carry in (False, True):
+        trainer = JaxTrainer(Config.load(**settings(data_dir, tmp_path / f"run{carry}", num_train_steps=8,
+                                                    steps_per_execution=4, mixed_precision="bfloat16",
+                                                    save_checkpoints_steps=8)))
+        trainer.carry_copies = carry
+        trainer._compile()  # the spec, with the setting, into the compiled steps
+        if carry:
+            batch = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in trainer.chunk_shapes(1).items()}
+            dtypes = dict(zip(trainer.names, read_dtypes(trainer.model.stateless_call, trainer.state["params"],
+                                                         trainer.state["keras"], [batch[k] for k in MODEL_INPUTS]),
+                              strict=True))
+            assert dtypes["bert/encoder/layer_0/attention/self/query/kernel"] == "bfloat16"
+            assert dtypes["bert/encoder/layer_1/output/dense/bias"] == "bfloat16"
+            assert dtypes["cls/predictions/output_bias"] == "bfloat16"
+            # read twice (its gather and the MLM head's product): its gradients add up in float32, not in a copy's dtype
+            assert dtypes["bert/embeddings/word_embeddings"] is None
+            assert dtypes["bert/encoder/layer_0/attention/output/LayerNorm/gamma"] is None
+            # the step reads the copies, not the weights: zeroed copies change the loss
+            real = {k: np.ones(v.shape, v.dtype) for k, v in batch.items()}
+            state = with_copies(trainer.spec, trainer.state, real)
+            zeroed = {**state, "copies": [c if c is None else c * 0 for c in state["copies"]]}
+            losses = [gradients(trainer.spec, s, real)[1]["mlm_loss_sum"] for s in (state, zeroed)]
+            assert losses[0] != losses[1], losses
+        result = run_training(trainer, str(tmp_path / f"run{carry}"), progress=False)
+        runs[carry] = ([h["loss"] for h in result.history], fetch(trainer.state))
+        trainer.close()
+    (losses, state), (carried_losses, carried) = runs[False], runs[True]
+    assert "copies" not in carried and losses == carried_losses
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(carried), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -4,8 +4,8 @@ Post-LayerNorm BERT (embeddings summed and normalised, then self-attention and f
 followed by a residual LayerNorm), the MLM head computed only at the masked positions and tied to the
 token embeddings, and an optional NSP head (the last block computed only at the rows those heads read): the
 shape of :mod:`..tf_backend.model` and of Google's BERT, so weights move between the backends by Google's
-checkpoint names (:func:`google_variables`). Every weight matrix gets its own truncated-normal draw. keras-hub's BERT layers are not used: keras-hub requires
-``tensorflow-text``, which brings TensorFlow back in.
+checkpoint names (:func:`google_variables`). Every weight matrix gets its own truncated-normal draw. keras-hub's
+BERT layers are not used: keras-hub requires ``tensorflow-text``, which brings TensorFlow back in.
 
 Documents: a model given ``document_separator`` (the [SEP] id; :func:`.input.document_separator`) keeps the
 documents of a packed row apart: a token attends only to its own document (the kernel's segment ids on the splash

@@ -174,14 +174,18 @@ def lower_step(trainer):
 
     import jax
 
-    from .step import train_step
+    from .step import COPIES, train_step, with_copies
 
     batch = {name: jax.ShapeDtypeStruct(shape.shape[1:], shape.dtype, sharding=trainer.devices.split(axis=0))
              for name, shape in trainer.chunk_shapes(1).items()}
-    replicated = trainer.devices.replicated()
+    replicated, state = trainer.devices.replicated(), trainer.state
+    if trainer.spec.carry_copies:  # as the loop's body sees it: the weights' compute-dtype copies with it
+        copies = jax.eval_shape(lambda s, b: with_copies(trainer.spec, s, b)[COPIES], state, batch)
+        state = {**state, COPIES: [c if c is None else jax.ShapeDtypeStruct(c.shape, c.dtype, sharding=p.sharding)
+                                   for c, p in zip(copies, state["params"], strict=True)]}
     step = jax.jit(functools.partial(train_step, trainer.spec), donate_argnums=(0,),
                    out_shardings=(replicated, replicated), **trainer.devices.jit_options())
-    return step.lower(trainer.state, batch)
+    return step.lower(state, batch)
 
 
 def state_bytes(trainer) -> int:

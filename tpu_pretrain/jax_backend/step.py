@@ -32,6 +32,7 @@ from .input import BATCH_FEATURES
 from .state import LOSS_SCALE
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
+COPIES = "copies"  # the state's key, inside a call's loop, for the weights' compute-dtype copies
 
 
 # -- the loss ---------------------------------------------------------------------------------------------------
@@ -115,6 +116,7 @@ class StepSpec:
     replicas: int
     optimizer: OptimizerSettings
     decay_mask: tuple[bool, ...]
+    carry_copies: bool = False  # the weights' compute-dtype copies carried through a call's steps (a GPU's)
 
 
 def loss(spec: StepSpec, params, keras_state, batch: dict, global_weight, global_examples, scale=None,
@@ -125,6 +127,37 @@ def loss(spec: StepSpec, params, keras_state, batch: dict, global_weight, global
     stats = pretraining_stats(outputs, batch, spec.with_nsp)
     value = metrics.global_batch_loss(stats, global_weight, global_examples, spec.with_nsp)
     return (value if scale is None else value * scale), (stats, keras_state)
+
+
+def read_dtypes(apply, params, keras_state, inputs) -> list[str | None]:
+    """For each weight, the dtype the model reads it in where its one read is a cast (Keras's mixed precision: the
+    matrices and biases, cast to bfloat16), else None: read as it is (LayerNorm's scales, a GPU's token table, gathered
+    in float32) or more than once (the token table on a CPU: the gather and the MLM head's product, whose gradients
+    add up in float32, where a copy's would round their sum to bfloat16). From the traced model (shapes only), not
+    from Keras's autocast flags: what it reads."""
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (params, keras_state, inputs))
+    closed = jax.make_jaxpr(lambda p, k, x: apply(p, k, x, training=True)[0])(*shapes)
+    reads: dict[int, list] = {id(v): [] for v in closed.jaxpr.invars[:len(params)]}
+    for eqn in closed.jaxpr.eqns:
+        for v in eqn.invars:
+            if id(v) in reads:
+                cast = eqn.primitive.name == "convert_element_type"
+                reads[id(v)].append(jnp.dtype(eqn.params["new_dtype"]).name if cast else None)
+    for v in closed.jaxpr.outvars:
+        reads.get(id(v), []).append(None)
+    return [r[0] if len(r) == 1 else None for r in (reads[id(v)] for v in closed.jaxpr.invars[:len(params)])]
+
+
+def with_copies(spec: StepSpec, state: dict, batch: dict) -> dict:
+    """``state`` with :data:`COPIES` where ``spec.carry_copies``: each weight the model reads only in another dtype
+    (:func:`read_dtypes`), cast to it, else None. A call's steps then read the copies and the update writes them
+    (:func:`train_step`), where each step's forward pass would cast every weight again: on a GPU 162 small kernels
+    per BERT-base step, one launch each."""
+    if not spec.carry_copies:
+        return state
+    dtypes = read_dtypes(spec.apply, state["params"], state["keras"], [batch[k] for k in MODEL_INPUTS])
+    return {**state, COPIES: [None if d is None else p.astype(d) for p, d in zip(state["params"], dtypes,
+                                                                                strict=True)]}
 
 
 def micro_batches(batch: dict, k: int, replicas: int) -> dict:
@@ -146,12 +179,14 @@ def gradients(spec: StepSpec, state: dict, batch: dict):
     global_examples = float(batch["input_ids"].shape[0])
     scale = state[LOSS_SCALE]["scale"] if LOSS_SCALE in state else None
     grad_fn = jax.value_and_grad(loss, argnums=1, has_aux=True)
+    # the copies the call carries where it does: the model's reads of them are casts to their own dtype (none)
+    weights = [p if c is None else c for p, c in zip(state["params"], state.get(COPIES) or state["params"],
+                                                     strict=True)]
 
     def micro_step(carry, micro):
         grads, stats, keras_state = carry
-        (_, (s, keras_state)), g = grad_fn(spec, state["params"], keras_state, micro, global_weight,
-                                           global_examples, scale)
-        grads = [a + b for a, b in zip(grads, g, strict=True)]
+        (_, (s, keras_state)), g = grad_fn(spec, weights, keras_state, micro, global_weight, global_examples, scale)
+        grads = [a + b for a, b in zip(grads, g, strict=True)]  # float32: a copy's gradient as its cast's was
         return (grads, {key: stats[key] + s[key] for key in metrics.STAT_KEYS}, keras_state), None
 
     zeros = ([jnp.zeros_like(p) for p in state["params"]], {key: jnp.float32(0.0) for key in metrics.STAT_KEYS},
@@ -280,6 +315,9 @@ def train_step(spec: StepSpec, state: dict, batch: dict):
     new = {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}
     if LOSS_SCALE in state:
         new = unless_overflowed(state, new, all_finite(grads))
+    if COPIES in state:  # written beside the weights by the update's kernels
+        new[COPIES] = [None if c is None else p.astype(c.dtype) for p, c in zip(new["params"], state[COPIES],
+                                                                                strict=True)]
     return new, stats
 
 
@@ -299,7 +337,10 @@ def train_chunk(spec: StepSpec, state: dict, batches: dict, steps=None):
         return state, {key: sums[key] + jnp.asarray(stats[key], jnp.float32) for key in metrics.STAT_KEYS}
 
     zeros = {key: jnp.float32(0.0) for key in metrics.STAT_KEYS}
-    return jax.lax.fori_loop(0, jax.tree.leaves(batches)[0].shape[0] if steps is None else steps, one, (state, zeros))
+    state = with_copies(spec, state, jax.tree.map(lambda x: x[0], batches))
+    state, sums = jax.lax.fori_loop(0, jax.tree.leaves(batches)[0].shape[0] if steps is None else steps, one,
+                                    (state, zeros))
+    return {key: value for key, value in state.items() if key != COPIES}, sums
 
 
 def eval_stats(spec: StepSpec, state: dict, batch: dict) -> dict:

@@ -85,6 +85,7 @@ class JaxTrainer:
         self.steps_per_execution = self.plan.devices.steps_per_execution
         # full calls with their trip count compiled in, where a loop would wait on the host after every step: a GPU's
         self.full_calls_counted = self.devices.kind == "gpu"
+        self.carry_copies = self.devices.kind == "gpu"  # and the weights' bfloat16 copies carried through their steps
         self.settings = OptimizerSettings.from_config(t, self.plan.schedule)
         self.example_ids: list[tuple[int, list[int]]] = []
         self.train_batches = self.init_report = None
@@ -126,7 +127,7 @@ class JaxTrainer:
     def spec(self) -> StepSpec:
         """What the steps of :mod:`.step` are made of, from the current settings."""
         return StepSpec(self.model.stateless_call, self.with_nsp, self.config.train.gradient_accumulation_steps,
-                        self.devices.num_replicas, self.settings, self.decay_mask)
+                        self.devices.num_replicas, self.settings, self.decay_mask, self.carry_copies)
 
     def _compile(self) -> None:
         """The jitted steps; the spec (the optimizer's settings and schedule among them) is constant in them."""
