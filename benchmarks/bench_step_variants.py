@@ -63,6 +63,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   forward pass casts every weight it reads (162 small kernels per BERT-base step on a GPU), where the package's call
   casts them once and each step's update writes the new copies beside the weights (``step.with_copies``; on a GPU
   only). Estimated for the H200: 33.6 -> 33.3 ms (1,022 -> 886 kernels); the same weights, exactly.
+- ``gemm_biases``: the attention-output and output layers' biases added by their GEMMs (cuBLASLt's epilogue), as
+  before 2026-11-28, their gradients then XLA's reductions of the norms' input gradients (24 per BERT-base step,
+  0.41 ms of the H200's 43); the package's GPU step adds them in the Pallas norms' forward kernels, whose backward
+  sums their gradients in its pass (``model.TransformerBlock.residual_norm``; no dropout acting). Estimated for the
+  H200: 33.3 -> 33.0 ms (887 -> 864 kernels).
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -132,7 +137,8 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
-           "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts")
+           "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
+           "gemm_biases")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -189,6 +195,10 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import gpu_layer_norm
 
         patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "gemm_biases" in changes:  # every dense layer's bias in its GEMM, its gradient a reduction of its own
+        patches.enter_context(mock.patch.object(model.TransformerBlock, "residual_norm", staticmethod(
+            lambda x, dense, inputs, dropout, norm, training=False, mesh=None: norm(
+                x + dropout(dense(inputs), training=training), mesh=mesh))))
     if "weight_casts" in changes:  # no copies carried: every step casts every weight it reads
         patches.enter_context(mock.patch.object(step, "read_dtypes", lambda apply, params, *rest: [None] * len(params)))
     if "full_last_block" in changes:

@@ -62,6 +62,29 @@ def test_the_kernels_are_a_layernorm_and_its_gradient(dtype, rows):
         assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))) <= step * scale
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_bias_the_kernels_add_first_and_its_gradient_summed_in_their_pass(dtype):
+    """``layer_norm(x, ..., bias=b)`` is the norm of ``x + b`` (added in float32); the bias's gradient, the input's
+    summed over the rows (per program in the backward kernel, then by XLA), to float32's rounding (bfloat16: a
+    step of the largest)."""
+    x = (jax.random.normal(jax.random.PRNGKey(0), (3, 25, 96)) * 3 + 5).astype(dtype)
+    gamma, beta, bias = (jax.random.normal(jax.random.PRNGKey(i), (96,)) for i in (1, 2, 4))
+    weights = jnp.cos(jnp.arange(96, dtype=jnp.float32))
+
+    def grads(norm):
+        def loss(x, gamma, beta, bias):
+            return jnp.sum(norm(x, gamma, beta, bias).astype(jnp.float32) * weights)
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(x, gamma, beta, bias)
+
+    got = grads(lambda x, g, b, c: gpu_layer_norm.layer_norm(x, g, b, 1e-12, None, c))
+    want = grads(lambda x, g, b, c: plain(x.astype(jnp.float32) + c, g, b).astype(x.dtype))
+    step = 1e-6 if dtype == "float32" else 8e-3
+    for g, w in zip(got, want, strict=True):
+        scale = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
+        assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))) <= step * scale
+    assert float(jnp.max(jnp.abs(got[3]))) > 0
+
+
 def described_gpu(capability: str):
     device = types.SimpleNamespace(platform="gpu", compute_capability=capability, device_kind="a GPU")
     return types.SimpleNamespace(devices=np.array([device]))
@@ -84,8 +107,9 @@ def test_auto_takes_the_kernels_on_an_ampere_or_newer_gpu_only(monkeypatch):
 
 
 def test_a_model_whose_norms_take_the_kernels_computes_what_xla_s_norm_computes(monkeypatch):
-    """BERT (post-LN: the embeddings', the blocks' and the MLM head's norms) with every norm the kernels' against the
-    same weights with XLA's: the logits and every weight's gradient, float32 to its rounding."""
+    """BERT (post-LN: the embeddings', the blocks' and the MLM head's norms) with every norm the kernels' (the blocks'
+    adding the dense layers' biases before them) against the same weights with XLA's: the logits and every weight's
+    gradient, float32 to its rounding."""
     from tpu_pretrain.jax_backend.model import build_model
     from tpu_pretrain.models.bert_config import bert_config_for_size
 
@@ -97,7 +121,7 @@ def test_a_model_whose_norms_take_the_kernels_computes_what_xla_s_norm_computes(
     weights = [v.value for v in model.trainable_variables]
 
     norm, calls = gpu_layer_norm.layer_norm, []
-    monkeypatch.setattr(gpu_layer_norm, "layer_norm", lambda *a: (calls.append(1), norm(*a))[1])
+    monkeypatch.setattr(gpu_layer_norm, "layer_norm", lambda *a: (calls.append(a[5:] != (None,)), norm(*a))[1])
 
     def run(path):
         monkeypatch.setenv("TPU_PRETRAIN_LAYERNORM", path)
@@ -111,6 +135,7 @@ def test_a_model_whose_norms_take_the_kernels_computes_what_xla_s_norm_computes(
 
     got_grads, got, kernels = run("pallas")
     assert kernels == 6  # the embeddings', two per block, the MLM head's
+    assert sum(calls) == 4  # the blocks' norms add the attention-output and output layers' biases
     want_grads, want, kernels = run("xla")
     assert kernels == 0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -120,7 +145,7 @@ def test_a_model_whose_norms_take_the_kernels_computes_what_xla_s_norm_computes(
 
 def test_over_two_devices_each_runs_its_own_rows_and_the_weights_gradient_is_their_sum():
     """The kernels inside ``shard_map`` on a mesh of two (logical CPU) devices, the rows split between them: the
-    output and gradients of the norm on one device, the scale's and offset's gradients summed over both."""
+    output and gradients of the norm on one device, the scale's, offset's and bias's gradients summed over both."""
     script = textwrap.dedent("""
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -128,13 +153,13 @@ def test_over_two_devices_each_runs_its_own_rows_and_the_weights_gradient_is_the
 
         mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
         x = jax.random.normal(jax.random.PRNGKey(0), (4, 10, 48)) * 2 + 1
-        gamma, beta = (jax.random.normal(jax.random.PRNGKey(i), (48,)) for i in (1, 2))
+        gamma, beta, bias = (jax.random.normal(jax.random.PRNGKey(i), (48,)) for i in (1, 2, 3))
         weights = jnp.cos(jnp.arange(48.0))
 
         def grads(x, mesh):
-            def loss(x, gamma, beta):
-                return jnp.sum(gpu_layer_norm.layer_norm(x, gamma, beta, 1e-12, mesh) * weights)
-            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(x, gamma, beta)
+            def loss(x, gamma, beta, bias):
+                return jnp.sum(gpu_layer_norm.layer_norm(x, gamma, beta, 1e-12, mesh, bias) * weights)
+            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(x, gamma, beta, bias)
 
         split = jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
         one, two = grads(x, None), grads(split, mesh)

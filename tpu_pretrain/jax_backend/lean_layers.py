@@ -106,14 +106,21 @@ class LayerNorm(keras.layers.LayerNormalization):
         axes = self.axis if isinstance(self.axis, list | tuple) else [self.axis]
         return not self.rms_scaling and [a % inputs.ndim for a in axes] == [inputs.ndim - 1]
 
-    def call(self, inputs, mesh=None):
+    def kernels_apply(self, inputs, mesh=None) -> bool:
+        """Whether this norm of ``inputs`` compiled for ``mesh`` is :mod:`.gpu_layer_norm`'s kernels."""
+        return self.one_pass_applies(inputs) and self.scale and gpu_layer_norm.applies(mesh)  # scale: a gamma
+
+    def call(self, inputs, mesh=None, bias=None):
         """``mesh``: the devices compiled for (None: this process's); on a GPU of compute capability 8.0+ the norm is
-        :mod:`.gpu_layer_norm`'s two Pallas kernels (``TPU_PRETRAIN_LAYERNORM``)."""
+        :mod:`.gpu_layer_norm`'s two Pallas kernels (``TPU_PRETRAIN_LAYERNORM``). ``bias``: added to ``inputs``
+        first (a dense layer's, whose gradient the kernels then sum: :func:`.gpu_layer_norm.layer_norm`)."""
+        if self.kernels_apply(inputs, mesh):
+            return gpu_layer_norm.layer_norm(inputs.astype(self.compute_dtype), self.gamma.value,
+                                             None if self.beta is None else self.beta.value, self.epsilon, mesh, bias)
+        if bias is not None:
+            inputs = inputs + bias.astype(inputs.dtype)
         if not self.one_pass_applies(inputs):
             return super().call(inputs)
-        if self.gamma is not None and gpu_layer_norm.applies(mesh):
-            return gpu_layer_norm.layer_norm(inputs.astype(self.compute_dtype), self.gamma.value,
-                                             None if self.beta is None else self.beta.value, self.epsilon, mesh)
         x = inputs.astype(jnp.float32)
         # a value of the row, near its mean: the difference of moments below then loses few digits; the result does
         # not depend on which value it is, so no gradient flows through it (autodiff would add a pass for zeros)
