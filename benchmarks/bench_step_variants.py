@@ -68,6 +68,9 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   0.41 ms of the H200's 43); the package's GPU step adds them in the Pallas norms' forward kernels, whose backward
   sums their gradients in its pass (``model.TransformerBlock.residual_norm``; no dropout acting). Estimated for the
   H200: 33.3 -> 33.0 ms (887 -> 864 kernels).
+- ``norm_sums_apart``: the global norm's large gradients each summed in a reduction of its own (two kernels each on
+  a GPU: 144 for BERT-base's 72), as before 2026-11-28, where the package sums those of one shape in one variadic
+  reduction (``step.sums_of_squares``: three kernels). Estimated for the H200: 33.0 -> 32.7 ms (864 -> 724 kernels).
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -138,7 +141,7 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
-           "gemm_biases")
+           "gemm_biases", "norm_sums_apart")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -195,6 +198,9 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import gpu_layer_norm
 
         patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "norm_sums_apart" in changes:  # the global norm's large gradients summed one reduction each
+        patches.enter_context(mock.patch.object(step, "sums_of_squares", lambda arrays: [
+            jnp.sum(jnp.square(a.astype(jnp.float32))) for a in arrays]))
     if "gemm_biases" in changes:  # every dense layer's bias in its GEMM, its gradient a reduction of its own
         patches.enter_context(mock.patch.object(model.TransformerBlock, "residual_norm", staticmethod(
             lambda x, dense, inputs, dropout, norm, training=False, mesh=None: norm(

@@ -60,3 +60,18 @@ def test_global_norm_joins_small_gradients_and_equals_the_norm_of_all():
     clipped, norm = step.clip_by_global_norm(grads, 1.0)
     np.testing.assert_allclose(step.global_norm(clipped), 1.0, rtol=1e-5)
     np.testing.assert_allclose(norm, want, rtol=1e-6)
+
+
+def test_the_large_gradients_of_one_shape_are_summed_in_one_reduction():
+    """BERT-base's 72 large gradients have three shapes: on a GPU one variadic reduction each (a kernel with an output
+    per gradient), each output the gradient's own sum of squares."""
+    shapes = [(300, 400)] * 5 + [(400, 300)] * 3 + [(step.SMALL_GRADIENT,)] * 2
+    grads = [jax.random.normal(jax.random.PRNGKey(i), s) * (i + 1) for i, s in enumerate(shapes)]
+    grads[6] = grads[6].astype(jnp.bfloat16)
+    sums = step.sums_of_squares(grads)
+    for g, got in zip(grads, sums, strict=True):  # float32 sums of 120,000 squares, which XLA's CPU adds in order
+        np.testing.assert_allclose(got, np.sum(np.square(np.asarray(g, np.float64))), rtol=1e-4)
+    norm = jax.make_jaxpr(lambda g: step.global_norm(g, by_shape=True))(grads)
+    reductions = [e for e in norm.eqns if e.primitive.name.startswith("reduce")]
+    assert len(reductions) == 3 and sorted(len(e.outvars) for e in reductions) == [2, 3, 5]
+    np.testing.assert_allclose(step.global_norm(grads, by_shape=True), step.global_norm(grads), rtol=1e-5)

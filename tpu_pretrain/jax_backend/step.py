@@ -117,6 +117,7 @@ class StepSpec:
     optimizer: OptimizerSettings
     decay_mask: tuple[bool, ...]
     carry_copies: bool = False  # the weights' compute-dtype copies carried through a call's steps (a GPU's)
+    platform: str = "cpu"  # compiled for: a GPU's step sums the clipping norm's gradients by shape
 
 
 def loss(spec: StepSpec, params, keras_state, batch: dict, global_weight, global_examples, scale=None,
@@ -209,20 +210,36 @@ def learning_rate(s: OptimizerSettings, step):
 SMALL_GRADIENT = 65536
 
 
-def global_norm(grads) -> jax.Array:
+def global_norm(grads, by_shape: bool = False) -> jax.Array:
     """The gradients' global L2 norm in float32. The small ones are joined into one vector first: one reduction
     kernel on a GPU instead of one each (BERT-base compiled for an H100: 127 kernels fewer, -0.26 ms estimated), their
-    bytes negligible; a large one is summed where it is, as joining it would copy it."""
+    bytes negligible; a large one is summed where it is, as joining it would copy it; ``by_shape`` (a GPU's), those
+    of one shape together (:func:`sums_of_squares`)."""
     small = [g.astype(jnp.float32).ravel() for g in grads if g.size < SMALL_GRADIENT]
-    squares = [jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads if g.size >= SMALL_GRADIENT]
+    large = [g for g in grads if g.size >= SMALL_GRADIENT]
+    squares = sums_of_squares(large) if by_shape else [jnp.sum(jnp.square(g.astype(jnp.float32))) for g in large]
     if small:
         squares.append(jnp.sum(jnp.square(jnp.concatenate(small))))
     return jnp.sqrt(sum(squares))
 
 
-def clip_by_global_norm(grads, clip_norm: float):
+def sums_of_squares(arrays) -> list:
+    """Each array's sum of squares in float32, those of one shape in one variadic reduction: one kernel on a GPU with
+    an output per array, where a sum each was two kernels (BERT-base's 72 large gradients have three shapes). Not on a
+    TPU, whose compiler counts 2.6% more bytes accessed per step for it (v5e, libtpu 0.0.23, L4-H512 at batch 32)."""
+    by_shape: dict[tuple, list] = {}
+    for a in arrays:
+        by_shape.setdefault(a.shape, []).append(jnp.square(a.astype(jnp.float32)))
+    sums = []
+    for shape, group in by_shape.items():
+        sums += jax.lax.reduce(group, [jnp.float32(0.0)] * len(group),
+                               lambda xs, ys: [x + y for x, y in zip(xs, ys, strict=True)], tuple(range(len(shape))))
+    return sums
+
+
+def clip_by_global_norm(grads, clip_norm: float, by_shape: bool = False):
     """``(clipped grads, the norm before clipping)``; ``clip_norm <= 0`` leaves them as they are."""
-    norm = global_norm(grads)
+    norm = global_norm(grads, by_shape)
     if clip_norm <= 0:
         return grads, norm
     scale = clip_norm / jnp.maximum(norm, clip_norm)
@@ -309,7 +326,7 @@ def unless_overflowed(state: dict, new: dict, finite) -> dict:
 def train_step(spec: StepSpec, state: dict, batch: dict):
     """``(new state, summed statistics)`` after one optimizer step over one global batch."""
     grads, stats, keras_state = gradients(spec, state, batch)
-    clipped, _ = clip_by_global_norm(grads, spec.optimizer.clip_norm)
+    clipped, _ = clip_by_global_norm(grads, spec.optimizer.clip_norm, spec.platform == "gpu")
     params, slots = apply_updates(spec.optimizer, state["params"], clipped, state["slots"], state["step"],
                                   spec.decay_mask)
     new = {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}

@@ -127,7 +127,8 @@ class JaxTrainer:
     def spec(self) -> StepSpec:
         """What the steps of :mod:`.step` are made of, from the current settings."""
         return StepSpec(self.model.stateless_call, self.with_nsp, self.config.train.gradient_accumulation_steps,
-                        self.devices.num_replicas, self.settings, self.decay_mask, self.carry_copies)
+                        self.devices.num_replicas, self.settings, self.decay_mask, self.carry_copies,
+                        self.devices.kind)
 
     def _compile(self) -> None:
         """The jitted steps; the spec (the optimizer's settings and schedule among them) is constant in them."""
