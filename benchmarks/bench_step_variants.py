@@ -71,6 +71,9 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``norm_sums_apart``: the global norm's large gradients each summed in a reduction of its own (two kernels each on
   a GPU: 144 for BERT-base's 72), as before 2026-11-28, where the package sums those of one shape in one variadic
   reduction (``step.sums_of_squares``: three kernels). Estimated for the H200: 33.0 -> 32.7 ms (864 -> 724 kernels).
+- ``loss_passes_apart``: the MLM head's loss and accuracy reading the logits three times (the maximum with
+  ``argmax``, the sum of exponentials, the label's logit), as before 2026-11-28, where the package's read them once
+  (``step.row_summary``: one variadic reduction, an online softmax). Estimated for the H200: see GPU_NOTES.md.
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -141,7 +144,8 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
-           "gemm_biases", "norm_sums_apart")
+           "gemm_biases", "norm_sums_apart",
+           "loss_passes_apart")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -175,7 +179,8 @@ def variant(name: str) -> contextlib.ExitStack:
             log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
             return -jnp.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
 
-        patches.enter_context(mock.patch.object(step.JaxOps, "cross_entropy", staticmethod(autodiff)))
+        patches.enter_context(mock.patch.object(step.JaxOps, "loss_and_prediction", staticmethod(
+            lambda logits, labels: (autodiff(logits, labels), jnp.argmax(logits, -1)))))
     if "autodiff_qkv" in changes:
         def projections(x, kernels, biases, for_gpu):
             return (*(jnp.matmul(x, kernel) + bias for kernel, bias in zip(kernels, biases, strict=True)), x)
@@ -198,6 +203,8 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import gpu_layer_norm
 
         patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "loss_passes_apart" in changes:
+        patches.enter_context(mock.patch.object(step.JaxOps, "loss_and_prediction", staticmethod(loss_passes_apart())))
     if "norm_sums_apart" in changes:  # the global norm's large gradients summed one reduction each
         patches.enter_context(mock.patch.object(step, "sums_of_squares", lambda arrays: [
             jnp.sum(jnp.square(a.astype(jnp.float32))) for a in arrays]))
@@ -243,6 +250,27 @@ def pallas_attention(masked, interpret: bool = False):
         return kernel(q, k, v, attend, document_ids(None, attend, None) if documents is None else documents)
 
     return call
+
+
+def loss_passes_apart():
+    """The MLM head's loss and prediction as before 2026-11-28 (``loss_passes_apart``): the log-sum-exp (the maximum,
+    then the sum of exponentials), the label's logit and ``argmax`` each a pass over the logits; the same gradient."""
+    import jax
+    import jax.numpy as jnp
+
+    from tpu_pretrain.jax_backend import step
+
+    @jax.custom_vjp
+    def loss(logits, labels):
+        return forward(logits, labels)[0]
+
+    def forward(logits, labels):
+        x = logits.astype(jnp.float32)
+        total = jax.nn.logsumexp(x, axis=-1)
+        return total - jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0], (logits, labels, total)
+
+    loss.defvjp(forward, lambda saved, grad: step._loss_and_prediction_backward(saved, (grad, None)))
+    return lambda logits, labels: (loss(logits, labels), jnp.argmax(logits, -1))
 
 
 def two_sigmoids_gelu(tanh_gelu):

@@ -46,6 +46,22 @@ def test_cross_entropy_values_and_gradients_are_autodiffs(dtype, tolerance):
     np.testing.assert_array_equal(got_grad < 0, jnp.arange(logits.shape[-1]) == labels[..., None])
 
 
+def test_the_loss_and_the_prediction_come_from_one_pass_over_the_logits():
+    """``loss_and_prediction``: the loss as autodiff's, the prediction as ``argmax`` (the first of tied maxima), for
+    rows from nearly uniform to nearly one-hot, logits of +-1e4, and a row of all-equal logits; one reduction over
+    the logits in the traced function (where the loss and ``argmax`` apart were three passes)."""
+    logits, labels = _logits(jnp.float32)
+    logits = logits.at[0, 0].set(0.0).at[1, 1].set(jnp.linspace(-1e4, 1e4, 97)).at[2, 2, 7].set(1e4)
+    logits = logits.at[2, 2, 60].set(1e4)  # tied with column 7: the first wins
+    loss, prediction = jax.jit(step.loss_and_prediction)(logits, labels)
+    np.testing.assert_allclose(loss, _autodiff_cross_entropy(logits, labels), rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(prediction, jnp.argmax(logits, -1))
+    assert prediction[0, 0] == 0 and prediction[2, 2] == 7 and np.isfinite(np.asarray(loss)).all()
+    summary = jax.make_jaxpr(step.loss_and_prediction)(logits, labels)
+    reductions = [e for e in summary.eqns[0].params["call_jaxpr"].eqns if e.primitive.name.startswith("reduce")]
+    assert len(reductions) == 1 and len(reductions[0].outvars) == 4
+
+
 def test_global_norm_joins_small_gradients_and_equals_the_norm_of_all():
     keys = jax.random.split(jax.random.PRNGKey(1), 6)
     sizes = [(3,), (768,), (step.SMALL_GRADIENT - 1,), (step.SMALL_GRADIENT,), (300, 400), (2, 768)]

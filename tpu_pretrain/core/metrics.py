@@ -18,9 +18,7 @@ class ArrayOps(Protocol):
 
     def float32(self, x): ...
 
-    def cross_entropy(self, logits, labels): ...  # -log softmax(logits)[label] for each row, in float32
-
-    def argmax(self, logits): ...  # in the labels' integer type
+    def loss_and_prediction(self, logits, labels): ...  # per row: -log softmax(logits)[label] in float32, argmax
 
     def sum(self, x): ...
 
@@ -35,16 +33,17 @@ def pretraining_stats(outputs, batch: dict, with_nsp: bool, ops: ArrayOps) -> di
     outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
     labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
     logits = ops.float32(outputs[0])
-    loss = ops.cross_entropy(logits, labels)
-    right = ops.float32(ops.argmax(logits) == labels)
+    loss, prediction = ops.loss_and_prediction(logits, labels)
+    right = ops.float32(prediction == labels)
     zero = ops.float32(0.0)
     stats = {"mlm_loss_sum": ops.sum(loss * weights), "mlm_weight": ops.sum(weights),
              "mlm_correct": ops.sum(right * weights), "examples": ops.rows(labels),
              "nsp_loss_sum": zero, "nsp_correct": zero}
     if with_nsp:
         nsp_logits, nsp_labels = ops.float32(outputs[1]), batch["next_sentence_labels"]
-        stats["nsp_loss_sum"] = ops.sum(ops.cross_entropy(nsp_logits, nsp_labels))
-        stats["nsp_correct"] = ops.sum(ops.float32(ops.argmax(nsp_logits) == nsp_labels))
+        nsp_loss, nsp_prediction = ops.loss_and_prediction(nsp_logits, nsp_labels)
+        stats["nsp_loss_sum"] = ops.sum(nsp_loss)
+        stats["nsp_correct"] = ops.sum(ops.float32(nsp_prediction == nsp_labels))
     return stats
 
 

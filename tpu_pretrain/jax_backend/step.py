@@ -35,44 +35,71 @@ MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
 COPIES = "copies"  # the state's key, inside a call's loop, for the weights' compute-dtype copies
 
 
-# -- the loss ---------------------------------------------------------------------------------------------------
+# -- the loss ----------------------------------------------------------------------------------------------------
+_LOWEST = float(jnp.finfo(jnp.float32).min)  # a row summary's start: exp(_LOWEST - x) is 0, never a NaN
+
+
+def row_summary(logits, labels):
+    """``(max, argmax, sum of exp(logit - max), the label's logit)`` of each row, in float32, from one pass over it:
+    one variadic reduction whose running sum of exponentials is rescaled as the maximum grows (an online softmax).
+
+    The MLM head's logits (``[predictions, vocabulary]``) were read three times by the loss and accuracy (the maximum
+    with its index, the sum of exponentials, the label's logit): 0.25 ms of reductions in BERT-base's step compiled
+    for an H200, 0.09 in one."""
+    x = logits.astype(jnp.float32)
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    picked = jnp.where(index == labels[..., None], x, 0.0)
+
+    def combine(a, b):
+        (top_a, at_a, sum_a, label_a), (top_b, at_b, sum_b, label_b) = a, b
+        top = jnp.maximum(top_a, top_b)
+        at = jnp.where(top_a > top_b, at_a, jnp.where(top_b > top_a, at_b, jnp.minimum(at_a, at_b)))  # the first
+        return top, at, sum_a * jnp.exp(top_a - top) + sum_b * jnp.exp(top_b - top), label_a + label_b
+
+    return jax.lax.reduce((x, index, jnp.ones_like(x), picked), (_LOWEST, jnp.int32(0), 0.0, 0.0), combine,
+                          (x.ndim - 1,))
+
+
 @jax.custom_vjp
-def cross_entropy(logits, labels):
-    """``-log softmax(logits)[label]`` per row, in float32, whose gradient is one pass over the logits.
+def loss_and_prediction(logits, labels):
+    """``(-log softmax(logits)[label], argmax)`` per row (:func:`row_summary`: one pass over the logits), the loss in
+    float32, whose gradient is one pass too.
 
     Autodiff of ``log_softmax`` and ``take_along_axis`` makes the MLM head's backward pass a scatter into a zeroed
     ``[predictions, vocabulary]`` tensor and several passes over the logits (about 2 ms of a BERT-base step compiled
     for an H100, batch 256); the gradient here is ``softmax - one_hot`` in one fusion, from the logits and the rows'
     log-sum-exp (the forward keeps them)."""
-    return _cross_entropy_forward(logits, labels)[0]
+    return _loss_and_prediction_forward(logits, labels)[0]
 
 
-def _cross_entropy_forward(logits, labels):
-    x = logits.astype(jnp.float32)
-    total = jax.nn.logsumexp(x, axis=-1)
-    return total - jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0], (logits, labels, total)
+def _loss_and_prediction_forward(logits, labels):
+    top, prediction, exponentials, picked = row_summary(logits, labels)
+    total = top + jnp.log(exponentials)
+    return (total - picked, prediction), (logits, labels, total)
 
 
-def _cross_entropy_backward(saved, grad):
+def _loss_and_prediction_backward(saved, grads):
     logits, labels, total = saved
+    grad = grads[0]  # the prediction's is nothing (an integer)
     probabilities = jnp.exp(logits.astype(jnp.float32) - total[..., None])
     label = jnp.arange(logits.shape[-1]) == labels[..., None]
     return (grad[..., None] * (probabilities - label)).astype(logits.dtype), None
 
 
-cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
+loss_and_prediction.defvjp(_loss_and_prediction_forward, _loss_and_prediction_backward)
+
+
+def cross_entropy(logits, labels):
+    """``-log softmax(logits)[label]`` per row, in float32 (:func:`loss_and_prediction`'s loss)."""
+    return loss_and_prediction(logits, labels)[0]
 
 
 class JaxOps:
     """:class:`..core.metrics.ArrayOps` in ``jax.numpy``: the statistics' one formula serves both backends."""
 
     float32 = staticmethod(lambda x: jnp.asarray(x, jnp.float32))
-    cross_entropy = staticmethod(cross_entropy)
+    loss_and_prediction = staticmethod(loss_and_prediction)
     sum = staticmethod(jnp.sum)
-
-    @staticmethod
-    def argmax(logits):
-        return jnp.argmax(logits, -1)
 
     @staticmethod
     def rows(labels):

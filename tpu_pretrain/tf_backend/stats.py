@@ -13,12 +13,9 @@ class TensorFlowOps:
     sum = staticmethod(tf.reduce_sum)
 
     @staticmethod
-    def cross_entropy(logits, labels):
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
-
-    @staticmethod
-    def argmax(logits):
-        return tf.argmax(logits, -1, output_type=tf.int32)
+    def loss_and_prediction(logits, labels):
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
+        return loss, tf.argmax(logits, -1, output_type=tf.int32)
 
     @staticmethod
     def rows(labels):
