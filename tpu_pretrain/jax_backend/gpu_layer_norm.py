@@ -164,9 +164,8 @@ def _backward_kernel(x_ref, dy_ref, gamma_ref, bias_ref, mean_ref, rstd_ref, dx_
         plgpu.store(dx_ref.at[rows[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
         # the bias's gradient is the input's, summed over the rows as stored (rounded to its dtype, as XLA's sum of
         # the stored gradient would read it); masked rows and columns are zero
-        stored = dx.astype(dx_ref.dtype).astype(jnp.float32)
-        return (sums[0] + jnp.sum(dy * normed, axis=0), sums[1] + jnp.sum(dy, axis=0),
-                sums[2] + (jnp.sum(stored, axis=0) if dbias_ref else 0.0))
+        dbias = jnp.sum(dx.astype(dx_ref.dtype).astype(jnp.float32), axis=0) if dbias_ref else 0.0
+        return sums[0] + jnp.sum(dy * normed, axis=0), sums[1] + jnp.sum(dy, axis=0), sums[2] + dbias
 
     zeros = jnp.zeros((block,), jnp.float32)
     dgamma, dbeta, dbias = jax.lax.fori_loop(0, BACKWARD_TILES, tile, (zeros, zeros, zeros))

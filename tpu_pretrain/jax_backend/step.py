@@ -208,8 +208,8 @@ def gradients(spec: StepSpec, state: dict, batch: dict):
     scale = state[LOSS_SCALE]["scale"] if LOSS_SCALE in state else None
     grad_fn = jax.value_and_grad(loss, argnums=1, has_aux=True)
     # the copies the call carries where it does: the model's reads of them are casts to their own dtype (none)
-    weights = [p if c is None else c for p, c in zip(state["params"], state.get(COPIES) or state["params"],
-                                                     strict=True)]
+    copies = state.get(COPIES) or [None] * len(state["params"])
+    weights = [p if c is None else c for p, c in zip(state["params"], copies, strict=True)]
 
     def micro_step(carry, micro):
         grads, stats, keras_state = carry
