@@ -74,6 +74,17 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
 - ``loss_passes_apart``: the MLM head's loss and accuracy reading the logits three times (the maximum with
   ``argmax``, the sum of exponentials, the label's logit), as before 2026-11-28, where the package's reads them once
   (``step.row_summary``: one variadic reduction, an online softmax). Estimated for the H200: 32.7 -> 32.5 ms.
+- ``vocab_logits``: the MLM logits as wide as the vocabulary in a GPU's training step too, as before 2026-11-28:
+  XLA pads the table for cuBLAS (30,522 -> 30,528 rows) and slices the logits, and the slice's gradient is a pad, a
+  copy of the whole ``[predictions, vocabulary]`` gradient; the package's logits are padded to a multiple of 64
+  columns (``lookups.tied_logits``; on an Ampere or newer GPU: a T4's schedule took 23 copies more with them).
+  Estimated for the H200: 32.5 -> 32.4 ms (the pad's 0.16 ms).
+- ``norm_partials_apart``: the Pallas norms' partial gradients (two or three per norm) each summed by a reduction of
+  its own, as before 2026-11-28, where the package sums those of one norm in one variadic reduction
+  (``gpu_layer_norm.summed_together``; the clipping norm's, ``step.sums_of_squares``, keeps its own binding and stays).
+  Estimated for the H200: 32.4 -> 32.3 ms (48 kernels fewer). The query's and value's bias gradients summed together
+  the same way: -0.04 ms on the H200, +1.1 ms on a T4 (its explicit attention's gradients then took a transpose each):
+  not kept.
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -144,8 +155,8 @@ from tpu_pretrain.models.bert_config import (  # noqa: E402
 CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_qkv", "norm_per_gradient", "dot_merger",
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
-           "gemm_biases", "norm_sums_apart",
-           "loss_passes_apart")
+           "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
+           "norm_partials_apart")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -214,6 +225,15 @@ def variant(name: str) -> contextlib.ExitStack:
                 x + dropout(dense(inputs), training=training), mesh=mesh))))
     if "weight_casts" in changes:  # no copies carried: every step casts every weight it reads
         patches.enter_context(mock.patch.object(step, "read_dtypes", lambda apply, params, *rest: [None] * len(params)))
+    if "norm_partials_apart" in changes:  # step.sums_of_squares keeps its own binding of summed_together
+        from tpu_pretrain.jax_backend import gpu_layer_norm
+
+        patches.enter_context(mock.patch.object(gpu_layer_norm, "summed_together", lambda arrays, axes: [
+            jnp.sum(a.astype(jnp.float32), axis=tuple(axes)) for a in arrays]))
+    if "vocab_logits" in changes:
+        tied = model.tied_logits
+        patches.enter_context(mock.patch.object(model, "tied_logits", lambda x, table, bias=None, padded=False: tied(
+            x, table, bias)))
     if "full_last_block" in changes:
         patches.enter_context(mock.patch.object(model.PretrainingBert, "last_block_at_rows", False))
     if "two_sigmoids" in changes:

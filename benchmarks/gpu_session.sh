@@ -15,12 +15,13 @@
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
 #    data, seeds and loss): two_sigmoids (the tanh GELU's gradient with two exponentials and two divisions, not one
 #    of each), eight_row_partials (the Pallas norms' backward writing partial sums per 8 rows, not per 32),
-#    full_last_block (BERT's last block at every position, not only at the rows the loss reads), and four
-#    smaller ones undone together (each 0.2-0.3 ms, under the spread of one run): weight_casts (every step casting
+#    full_last_block (BERT's last block at every position, not only at the rows the loss reads), and six
+#    smaller ones undone together (each 0.1-0.3 ms, under the spread of one run): weight_casts (every step casting
 #    every weight, where a call carries their bfloat16 copies), gemm_biases (the dense layers' biases before the
 #    norms added by their GEMMs, their gradients XLA's reductions), norm_sums_apart (the global norm a reduction per
-#    large gradient), loss_passes_apart (the MLM loss and accuracy reading the logits three times, not once);
-#    benchmarks/GPU_NOTES.md has what each was predicted to move.
+#    large gradient), loss_passes_apart (the MLM loss and accuracy reading the logits three times, not once),
+#    vocab_logits (the logits as wide as the vocabulary, their gradient then padded by a copy), norm_partials_apart
+#    (each norm's partial gradients a reduction each); benchmarks/GPU_NOTES.md has what each was predicted to move.
 # 2. bench_gpu.py: the step, the command's steady rate, both PyTorch peers (ModernBERT at 1,024, whose goal two
 #    cards met, left out for time: `run --with_modernbert` keeps it, past a call's 10 minutes if all runs long).
 set -uo pipefail
@@ -86,7 +87,8 @@ run() {
         local python=${PYTHON:-.venv-jax/bin/python} corpus=../shared/corpora/wikitext2_valid.txt steps=(--smoke)
     fi
     part variants 210 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
-        --variants base two_sigmoids eight_row_partials full_last_block weight_casts+gemm_biases+norm_sums_apart+loss_passes_apart
+        --variants base two_sigmoids eight_row_partials full_last_block \
+        weight_casts+gemm_biases+norm_sums_apart+loss_passes_apart+vocab_logits+norm_partials_apart
     part bench_gpu $((budget + 25)) "$python" benchmarks/bench_gpu.py $smoke "${skip[@]}" --corpus "$corpus" \
         --json "$OUT/bench_gpu.json" --budget_s "$budget"
     # the device tool brings back at most 8 files of 16 MiB, none deeper than two folders: the logs' folder as one

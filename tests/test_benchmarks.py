@@ -260,7 +260,8 @@ def test_the_gpu_sessions_script_parses_and_names_variants_the_benchmark_has():
     for command in ("run", "probe"):
         refused = subprocess.run(["bash", str(script), command, "--bogus"], capture_output=True, text=True, timeout=30)
         assert refused.returncode == 2 and "unknown option --bogus" in refused.stderr
-    asked = [change for line in re.findall(r"--variants ([\w+ ]+)$", script.read_text(), re.MULTILINE)
+    text = script.read_text().replace("\\\n", " ")  # a command continued over lines, joined
+    asked = [change for line in re.findall(r"--variants ([\w+ ]+)$", text, re.MULTILINE)
              for v in line.split() for change in v.split("+")]  # a variant may join changes by +
     changes = re.search(r"^CHANGES = \(([^)]*)\)", (ROOT / "benchmarks" / "bench_step_variants.py").read_text(),
                         re.MULTILINE)[1]

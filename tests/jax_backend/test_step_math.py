@@ -4,6 +4,8 @@ joins the small gradients into one vector against the norm of each. The backends
 step against TensorFlow's; these check the pieces alone, on values a step would not meet (labels at both ends of the
 vocabulary, rows of very different scale, gradients on both sides of the size where the norm joins them)."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,63 @@ def test_the_large_gradients_of_one_shape_are_summed_in_one_reduction():
     reductions = [e for e in norm.eqns if e.primitive.name.startswith("reduce")]
     assert len(reductions) == 3 and sorted(len(e.outvars) for e in reductions) == [2, 3, 5]
     np.testing.assert_allclose(step.global_norm(grads, by_shape=True), step.global_norm(grads), rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_logits_padded_to_the_product_s_width_give_the_same_loss_prediction_and_gradients(with_bias, dtype,
+                                                                                           tolerance):
+    """A GPU's training step computes the tied MLM logits over the vocabulary padded to a multiple of 64 columns
+    (``tied_logits(padded=True)``: no pad of their gradient), the padded columns at the dtype's lowest value: the
+    loss, the prediction and the gradients of the rows, the table and the bias are the unpadded ones."""
+    from tpu_pretrain.jax_backend.lookups import LOGITS_COLUMNS, tied_logits
+
+    keys = jax.random.split(jax.random.PRNGKey(3), 3)
+    vocab = 97  # 31 padded columns
+    x = (jax.random.normal(keys[0], (6, 4, 16)) * jnp.geomspace(0.1, 30.0, 6)[:, None, None]).astype(dtype)
+    table, bias = jax.random.normal(keys[1], (vocab, 16)) * 0.3, jax.random.normal(keys[2], (vocab,))
+    labels = jnp.array([0, 96, 5, 50]) * jnp.ones((6, 1), jnp.int32)
+    weights = jnp.linspace(0.5, 2.0, labels.size).reshape(labels.shape)
+
+    def loss(padded, x, table, bias):
+        logits = tied_logits(x, table, bias if with_bias else None, padded).astype(jnp.float32)
+        value, prediction = step.loss_and_prediction(logits, labels)
+        return jnp.sum(value * weights), (prediction, logits.shape[-1])
+
+    def run(padded):
+        return jax.jit(jax.value_and_grad(functools.partial(loss, padded), (0, 1, 2), has_aux=True))(x, table, bias)
+
+    (want, (want_prediction, want_width)), want_grads = run(False)
+    (got, (got_prediction, got_width)), got_grads = run(True)
+    assert (want_width, got_width) == (vocab, 128) and got_width % LOGITS_COLUMNS == 0
+    np.testing.assert_allclose(got, want, rtol=tolerance)
+    np.testing.assert_array_equal(got_prediction, want_prediction)
+    for g, w in zip(got_grads, want_grads, strict=True):  # the bias's is zero without one
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tolerance,
+                                   atol=tolerance * float(jnp.max(jnp.abs(w.astype(jnp.float32)))))
+
+
+def test_a_gpu_s_training_call_pads_the_mlm_logits_and_nothing_else_does(monkeypatch):
+    """The model pads its logits where the step differentiates them, on an Ampere or newer GPU only: a training call
+    there gets logits of the padded width whose statistics are the unpadded call's; an inference call (export,
+    probes) gets the vocabulary's width; on the CPU, none."""
+    from tpu_pretrain.jax_backend import model as bert
+    from tpu_pretrain.models.bert_config import BertConfig
+
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = bert.build_model(config, 16, 4)
+    ids = jax.random.randint(jax.random.PRNGKey(4), (3, 16), 1, 100)
+    positions = jnp.array([[1, 5, 9, 15]] * 3)
+    inputs = [ids, jnp.zeros_like(ids), positions]
+    labels = jnp.array([[3, 99, 0, 42]] * 3)
+    assert not bert.pads_logits()
+    unpadded = model(inputs, training=True)[0]
+    monkeypatch.setattr(bert, "pads_logits", lambda mesh=None: True)  # as on an Ampere or newer GPU
+    padded, inference = model(inputs, training=True)[0], model(inputs, training=False)[0]
+    assert unpadded.shape[-1] == inference.shape[-1] == 100 and padded.shape[-1] == 128
+    np.testing.assert_allclose(padded[..., :100], unpadded, rtol=1e-5, atol=1e-5)
+    for got, want in zip(step.loss_and_prediction(padded, labels), step.loss_and_prediction(unpadded, labels),
+                         strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """Table lookups whose gradients a GPU computes fast: :class:`TokenEmbedding` (gathered from the float32 table),
-:class:`OneHotEmbedding` and :func:`one_hot_rows` (one-hot matmuls: no scatter-add in the gradient at all).
+:class:`OneHotEmbedding` and :func:`one_hot_rows` (one-hot matmuls: no scatter-add in the gradient at all), and
+:func:`tied_logits` (the MLM head's product with the token table, as wide as the GEMM computes it).
 
 The same values as Keras's ``Embedding`` and ``take_along_axis``; what differs is the backward pass. Measured on an
 H100 (benchmarks/GPU_NOTES.md): the bfloat16 scatter-adds of BERT-base's embeddings took 270 ms of a 333 ms step.
@@ -15,6 +16,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
+
+from .devices import compute_at_least, target_device, target_platform  # noqa: E402
 
 
 class TokenEmbedding(keras.layers.Embedding):
@@ -56,3 +59,40 @@ def one_hot_rows(table, index):
     ``[batch, n]``: each batch row's own table, the MLM head's gather of the masked positions)."""
     picks = jax.nn.one_hot(index, table.shape[-2], dtype=table.dtype)
     return jnp.matmul(picks, table, precision=jax.lax.Precision.HIGHEST)
+
+
+LOGITS_COLUMNS = 64  # a GPU's training logits span the vocabulary padded to a multiple of this
+PADDED_LOGITS_CAPABILITY = 8.0  # Ampere and newer (bfloat16): not the T4
+
+
+def pads_logits(mesh=None) -> bool:
+    """Whether a training step compiled for ``mesh``'s devices takes :func:`tied_logits` ``padded``: on a GPU of
+    compute capability 8.0 or above. Not on a T4: BERT-base's float16 step compiled for one gained 23 copies of
+    activations with them (XLA's schedule put a reader of the residual's gradient after the GEMM that accumulates
+    onto it in place; 163.0 -> 164.9 ms estimated at batch 64); nor on a TPU (:func:`tied_logits`)."""
+    return target_platform(mesh) == "gpu" and compute_at_least(target_device(mesh), PADDED_LOGITS_CAPABILITY)
+
+
+def tied_logits(x, table, bias=None, padded: bool = False):
+    """``x @ table.T (+ bias)`` in ``x``'s dtype: the MLM logits of a head tied to the token table. ``padded`` (a
+    GPU's training step: :func:`pads_logits`): over the vocabulary padded to a multiple of :data:`LOGITS_COLUMNS`,
+    each padded column at the dtype's lowest value, so a softmax gives it 0 (its gradient is 0) and an argmax never
+    picks it.
+
+    Why: cuBLAS wants the table's rows a multiple of 8, so XLA pads it (30,522 -> 30,528 for BERT's vocabulary) and
+    slices the logits; the slice's gradient was then a pad, a copy of the whole ``[predictions, vocabulary]``
+    gradient (0.16 ms of BERT-base's step at batch 256 compiled for an H200). Logits as wide as the product need none.
+    Not on a TPU: its compiler counted more bytes and temporaries with them (v5e, L2-H768 at batch 64: 6.99 -> 7.03
+    GB, 0.33 -> 0.43 GiB).
+    """
+    table = ops.cast(table, x.dtype)
+    extra = -table.shape[0] % LOGITS_COLUMNS if padded else 0
+    if extra:
+        table = jnp.pad(table, ((0, extra), (0, 0)))
+    logits = ops.matmul(x, ops.transpose(table))
+    if bias is not None:
+        bias = ops.cast(bias, x.dtype)
+        logits = logits + (jnp.pad(bias, (0, extra), constant_values=jnp.finfo(x.dtype).min) if extra else bias)
+    elif extra:
+        logits = jnp.where(jnp.arange(logits.shape[-1]) < table.shape[0] - extra, logits, jnp.finfo(x.dtype).min)
+    return logits

@@ -31,7 +31,7 @@ from .attention import attention_mask, attention_path, explicit_attention, maske
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, exact_gelu, shared_input_projections, tanh_gelu  # noqa: E402
-from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows  # noqa: E402
+from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows, pads_logits, tied_logits  # noqa: E402
 
 
 def keep_tensorflow_out() -> None:
@@ -194,14 +194,18 @@ class TransformerBlock(keras.layers.Layer):
         return self.after_attention(picked, ops.reshape(context, picked.shape), training, mesh)
 
 
-class Bias(keras.layers.Layer):
-    """A learnt bias added to the last axis (the MLM output bias)."""
+class TiedLogits(keras.layers.Layer):
+    """The MLM logits from the token table and a learnt bias of ``width`` (:func:`.lookups.tied_logits`)."""
+
+    def __init__(self, width: int, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
 
     def build(self, input_shape):
-        self.bias = self.add_weight(shape=(input_shape[-1],), initializer="zeros", name="bias")
+        self.bias = self.add_weight(shape=(self.width,), initializer="zeros", name="bias")
 
-    def call(self, x):
-        return x + ops.cast(self.bias, x.dtype)
+    def call(self, x, table, padded=False):
+        return tied_logits(x, table, self.bias, padded)
 
 
 class PretrainingBert(keras.Model):
@@ -234,7 +238,7 @@ class PretrainingBert(keras.Model):
         self.mlm_dense = make.dense(h, "mlm_dense")
         self.hidden_act = config.hidden_act
         self.mlm_norm = make.norm("mlm_norm")
-        self.mlm_bias = Bias(name="mlm_bias", dtype=dtype)
+        self.mlm_bias = TiedLogits(config.vocab_size, name="mlm_bias", dtype=dtype)
         if with_nsp:
             self.pooler = make.dense(h, "pooler", "tanh")
             self.nsp = make.dense(2, "nsp")
@@ -280,8 +284,8 @@ class PretrainingBert(keras.Model):
         picked = self.encode_rows(input_ids, segment_ids, rows, training)
         gelu = activation(self.hidden_act, target_platform(self.data_mesh) == "gpu")
         x = self.mlm_norm(gelu(self.mlm_dense(picked[:, -positions.shape[1]:])), mesh=self.data_mesh)
-        embeddings = ops.cast(self.token_embedding.embeddings, self.compute_dtype)
-        mlm_logits = ops.cast(self.mlm_bias(ops.matmul(x, ops.transpose(embeddings))), "float32")
+        padded = training and pads_logits(self.data_mesh)
+        mlm_logits = ops.cast(self.mlm_bias(x, self.token_embedding.embeddings, padded=padded), "float32")
         if not self.with_nsp:
             return [mlm_logits]
         nsp_logits = self.nsp(self.pooler(picked[:, 0]))

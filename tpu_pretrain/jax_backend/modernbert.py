@@ -24,6 +24,7 @@ for the attention and MLP output projections, the head's dense and an untied dec
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -43,8 +44,8 @@ from .attention import attention_mask, attention_path, masked_attention, say_pat
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, shared_input_projections  # noqa: E402
-from .lookups import TokenEmbedding  # noqa: E402
-from .model import Bias, activation, one_hot_rows  # noqa: E402
+from .lookups import TokenEmbedding, pads_logits, tied_logits  # noqa: E402
+from .model import TiedLogits, activation, one_hot_rows  # noqa: E402
 
 EMBEDDINGS = "model.embeddings.tok_embeddings.weight"
 DECODER = "decoder.weight"  # tied: the embeddings themselves, never a variable of its own
@@ -205,7 +206,7 @@ class PretrainingModernBert(keras.Model):
         self.head_norm = make.norm("head_norm")
         self.decoder = None if config.tie_word_embeddings else make.dense(
             config.vocab_size, "decoder", config.decoder_bias, make.std_out)
-        self.decoder_bias = Bias(name="decoder_bias", dtype=dtype) if (
+        self.decoder_bias = TiedLogits(config.vocab_size, name="decoder_bias", dtype=dtype) if (
             config.tie_word_embeddings and config.decoder_bias) else None
 
     def encode(self, input_ids, segment_ids=None, training=False):
@@ -236,10 +237,9 @@ class PretrainingModernBert(keras.Model):
         x = self.head_norm(self.head_activation(self.head_dense(gathered)), mesh=self.data_mesh)
         if self.decoder is not None:
             return [ops.cast(self.decoder(x), "float32")]
-        logits = ops.matmul(x, ops.transpose(ops.cast(self.token_embedding.embeddings, self.compute_dtype)))
-        if self.decoder_bias is not None:
-            logits = self.decoder_bias(logits)
-        return [ops.cast(logits, "float32")]
+        padded = training and pads_logits(self.data_mesh)
+        tied = functools.partial(tied_logits, bias=None) if self.decoder_bias is None else self.decoder_bias
+        return [ops.cast(tied(x, self.token_embedding.embeddings, padded=padded), "float32")]
 
 
 def build_modernbert(config: ModernBertConfig, max_seq_length: int, max_predictions_per_seq: int, dtype=None,

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from ..config import TrainConfig
 from ..core import metrics, schedules
 from ..core.schedules import Schedule
+from .gpu_layer_norm import summed_together
 from .input import BATCH_FEATURES
 from .state import LOSS_SCALE
 
@@ -257,11 +258,7 @@ def sums_of_squares(arrays) -> list:
     by_shape: dict[tuple, list] = {}
     for a in arrays:
         by_shape.setdefault(a.shape, []).append(jnp.square(a.astype(jnp.float32)))
-    sums = []
-    for shape, group in by_shape.items():
-        sums += jax.lax.reduce(group, [jnp.float32(0.0)] * len(group),
-                               lambda xs, ys: [x + y for x, y in zip(xs, ys, strict=True)], tuple(range(len(shape))))
-    return sums
+    return [s for shape, group in by_shape.items() for s in summed_together(group, range(len(shape)))]
 
 
 def clip_by_global_norm(grads, clip_norm: float, by_shape: bool = False):
