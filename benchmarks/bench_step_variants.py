@@ -85,6 +85,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   Estimated for the H200: 32.4 -> 32.3 ms (48 kernels fewer). The query's and value's bias gradients summed together
   the same way: -0.04 ms on the H200, +1.1 ms on a T4 (its explicit attention's gradients then took a transpose each):
   not kept.
+- ``while_graphs``: a candidate, not in the package: XLA's command buffers (CUDA graphs) taking the while loop and
+  its conditionals too (``xla_gpu_enable_command_buffer`` with ``WHILE,CONDITIONAL`` beside XLA's defaults), so that a
+  call of 20 steps is launched as one graph rather than ~650 kernels a step from the host (the H200's trace: 0.74 ms
+  of 1-6 us gaps per 43 ms step, at 1,293 kernels). A compile cannot show it; the card measures it (``gpu_session.sh
+  probe``).
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -156,7 +161,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
-           "norm_partials_apart")
+           "norm_partials_apart", "while_graphs")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -238,6 +243,9 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(model.PretrainingBert, "last_block_at_rows", False))
     if "two_sigmoids" in changes:
         patches.enter_context(mock.patch.object(model, "tanh_gelu", two_sigmoids_gelu(lean_layers.tanh_gelu)))
+    if "while_graphs" in changes:
+        patches.enter_context(mock.patch.dict(devices.GPU_COMPILER_OPTIONS, {
+            "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}))
     for change, option in (("dot_merger", "xla_gpu_dot_merger_threshold_mb"),
                            ("triton_gemm", "xla_gpu_enable_triton_gemm")):
         if change in changes:  # XLA's default again: the package's option left out
