@@ -153,3 +153,18 @@ def test_a_gpu_s_training_call_pads_the_mlm_logits_and_nothing_else_does(monkeyp
     for got, want in zip(step.loss_and_prediction(padded, labels), step.loss_and_prediction(unpadded, labels),
                          strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("by_shape", [False, True])
+def test_the_gradients_norm_is_finite_exactly_where_every_gradient_is(by_shape):
+    """Loss scaling skips a step whose gradients overflowed by the global norm's finiteness (the norm the clipping
+    computes anyway), where a check per gradient was a reduction each: an infinity or a NaN anywhere makes it not
+    finite; float16's largest gradients, unscaled and summed over micro-batches in float32, do not."""
+    largest = jnp.full((4, 300, 400), 65504.0, jnp.float32)  # float16's largest, four micro-batches' worth
+    grads = [largest.sum(0), jnp.full((768,), 65504.0), -largest[0], jnp.ones((3,))]
+    assert bool(jnp.isfinite(step.global_norm(grads, by_shape)))
+    for bad in (jnp.inf, -jnp.inf, jnp.nan):
+        for i, shape in ((0, (7, 11)), (1, (5,)), (3, (2,))):  # a large gradient, a small one
+            spoilt = list(grads)
+            spoilt[i] = spoilt[i].at[shape[:spoilt[i].ndim]].set(bad)
+            assert not bool(jnp.isfinite(step.global_norm(spoilt, by_shape))), (bad, i)

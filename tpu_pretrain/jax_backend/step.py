@@ -322,10 +322,6 @@ def init_loss_scale(scale: float = INITIAL_LOSS_SCALE) -> dict:
     return {"scale": jnp.asarray(scale, jnp.float32), "good_steps": jnp.zeros((), jnp.int32)}
 
 
-def all_finite(grads) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
-
-
 def update_loss_scale(loss_scale: dict, finite) -> dict:
     """The next loss scale after a step whose gradients were (or were not) ``finite``, as tf-keras does it."""
     scale, good = loss_scale["scale"], loss_scale["good_steps"] + 1
@@ -350,12 +346,14 @@ def unless_overflowed(state: dict, new: dict, finite) -> dict:
 def train_step(spec: StepSpec, state: dict, batch: dict):
     """``(new state, summed statistics)`` after one optimizer step over one global batch."""
     grads, stats, keras_state = gradients(spec, state, batch)
-    clipped, _ = clip_by_global_norm(grads, spec.optimizer.clip_norm, spec.platform == "gpu")
+    clipped, norm = clip_by_global_norm(grads, spec.optimizer.clip_norm, spec.platform == "gpu")
     params, slots = apply_updates(spec.optimizer, state["params"], clipped, state["slots"], state["step"],
                                   spec.decay_mask)
     new = {"params": params, "keras": keras_state, "slots": slots, "step": state["step"] + 1}
     if LOSS_SCALE in state:
-        new = unless_overflowed(state, new, all_finite(grads))
+        # every gradient is finite exactly where their norm is (float16 gradients' squares cannot overflow its
+        # float32 sum): one check, where a reduction per gradient was 254 kernels, 2.2 ms of a T4's step at 64
+        new = unless_overflowed(state, new, jnp.isfinite(norm))
     if COPIES in state:  # written beside the weights by the update's kernels
         new[COPIES] = [None if c is None else p.astype(c.dtype) for p, c in zip(new["params"], state[COPIES],
                                                                                 strict=True)]
