@@ -186,7 +186,7 @@ def _gradients(projections, x, kernels, biases):
 
 
 @pytest.mark.parametrize("for_gpu", [True, False])
-@pytest.mark.parametrize("with_biases", ["all", "none", "not the key"])  # BERT's key has none (a GPU's)
+@pytest.mark.parametrize("with_biases", ["all", "none", "not the key"])  # BERT leaves the key's out
 @pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 0.05)])
 def test_shared_input_projections_are_autodiffs_products_and_gradients(dtype, tolerance, with_biases, for_gpu):
     x, kernels, biases = _projected(dtype)

@@ -164,7 +164,7 @@ def test_the_gradients_norm_is_finite_exactly_where_every_gradient_is(by_shape):
     grads = [largest.sum(0), jnp.full((768,), 65504.0), -largest[0], jnp.ones((3,))]
     assert bool(jnp.isfinite(step.global_norm(grads, by_shape)))
     for bad in (jnp.inf, -jnp.inf, jnp.nan):
-        for i, shape in ((0, (7, 11)), (1, (5,)), (3, (2,))):  # a large gradient, a small one
+        for i, where in ((0, (7, 11)), (1, 5), (3, 2)):  # a large gradient, small ones
             spoilt = list(grads)
-            spoilt[i] = spoilt[i].at[shape[:spoilt[i].ndim]].set(bad)
+            spoilt[i] = spoilt[i].at[where].set(bad)
             assert not bool(jnp.isfinite(step.global_norm(spoilt, by_shape))), (bad, i)
