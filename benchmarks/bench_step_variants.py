@@ -22,7 +22,7 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   square in one pass), whose forward reduces the mean, then the squared deviations from it, then normalises: three
   passes over the input, two kernels of them reductions.
 - ``autodiff_loss``: JAX's autodiff of ``log_softmax`` and ``take_along_axis`` for the package's cross-entropy
-  (``step.cross_entropy``, whose gradient is ``softmax - one_hot`` in one pass): a scatter into a zeroed
+  (``step.loss_and_prediction``, whose gradient is ``softmax - one_hot`` in one pass): a scatter into a zeroed
   ``[predictions, vocabulary]`` tensor and several passes over the float32 logits.
 - ``autodiff_qkv``: JAX's autodiff of the query, key and value projections for the package's
   (``lean_layers.shared_input_projections``, whose backward adds each input gradient to the running total as

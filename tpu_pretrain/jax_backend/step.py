@@ -90,11 +90,6 @@ def _loss_and_prediction_backward(saved, grads):
 loss_and_prediction.defvjp(_loss_and_prediction_forward, _loss_and_prediction_backward)
 
 
-def cross_entropy(logits, labels):
-    """``-log softmax(logits)[label]`` per row, in float32 (:func:`loss_and_prediction`'s loss)."""
-    return loss_and_prediction(logits, labels)[0]
-
-
 class JaxOps:
     """:class:`..core.metrics.ArrayOps` in ``jax.numpy``: the statistics' one formula serves both backends."""
 
