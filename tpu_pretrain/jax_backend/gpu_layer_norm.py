@@ -69,7 +69,7 @@ def applies(mesh=None, path: str | None = None) -> bool:
     if path == "pallas" and not _KERNELS_AVAILABLE:
         raise UserInputError(f"TPU_PRETRAIN_LAYERNORM=pallas: this JAX ({jax.__version__}) has no Pallas Triton "
                              "backend; use auto or xla.")
-    return path == "pallas" or (path == "auto" and _KERNELS_AVAILABLE and target_platform(mesh) == "gpu"
+    return path == "pallas" or (path == "auto" and _KERNELS_AVAILABLE  # a GPU's capability, else False:
                                 and compute_at_least(target_device(mesh), TRITON_CAPABILITY))
 
 

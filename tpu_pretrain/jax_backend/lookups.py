@@ -17,7 +17,7 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
-from .devices import compute_at_least, target_device, target_platform  # noqa: E402
+from .devices import compute_at_least, target_device  # noqa: E402
 
 
 class TokenEmbedding(keras.layers.Embedding):
@@ -70,7 +70,7 @@ def pads_logits(mesh=None) -> bool:
     compute capability 8.0 or above. Not on a T4: BERT-base's float16 step compiled for one gained 23 copies of
     activations with them (XLA's schedule put a reader of the residual's gradient after the GEMM that accumulates
     onto it in place; 163.0 -> 164.9 ms estimated at batch 64); nor on a TPU (:func:`tied_logits`)."""
-    return target_platform(mesh) == "gpu" and compute_at_least(target_device(mesh), PADDED_LOGITS_CAPABILITY)
+    return compute_at_least(target_device(mesh), PADDED_LOGITS_CAPABILITY)  # a GPU's capability, else False
 
 
 def tied_logits(x, table, bias=None, padded: bool = False):
