@@ -1,6 +1,7 @@
 """The BERT-base step's largest kernels that are not matrix products, alone on a GPU: the package's Pallas LayerNorm
 (forward and backward) at several tile shapes, and the tanh GELU's gradient with the feed-forward bias's in the
-package's form and the form before it; and how far the bias's gradient, a bfloat16 sum in XLA's HLO, is from a
+package's form, the form before it and as a Pallas kernel (the candidate of ``pallas_gelu.py``, at several tile
+shapes); and how far the bias's gradient, a bfloat16 sum in XLA's HLO, is from a
 float32 sum (whether the GPU accumulates it in bfloat16: a question of the gradients' accuracy, not of speed).
 
 Usage: KERAS_BACKEND=jax python benchmarks/bench_kernels_gpu.py [--json OUT.json] [--iterations 50] [--smoke]
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import pallas_gelu  # noqa: E402
 from bench_step_variants import two_sigmoids_gelu  # noqa: E402
 from support import kernel_time, parse_args  # noqa: E402
 
@@ -36,6 +38,9 @@ from tpu_pretrain.jax_backend.lean_layers import tanh_gelu  # noqa: E402
 # (rows per tile, tiles per backward program, warps): the package's first
 NORM_TILES = ((gpu_layer_norm.ROWS, gpu_layer_norm.BACKWARD_TILES, gpu_layer_norm.WARPS), (8, 1, 4), (8, 8, 4),
               (16, 2, 4), (16, 4, 8), (4, 8, 4))
+# pallas_gelu's (rows per tile, columns per program, tiles per program, warps): the module's first
+GELU_TILES = ((pallas_gelu.ROWS, pallas_gelu.COLUMNS, pallas_gelu.TILES, pallas_gelu.WARPS), (8, 256, 16, 4),
+              (32, 128, 4, 4), (32, 256, 4, 8), (16, 512, 8, 8))
 
 
 def norm_rows(rows: int, width: int, iterations: int, configs: int) -> list[dict]:
@@ -63,9 +68,10 @@ def norm_rows(rows: int, width: int, iterations: int, configs: int) -> list[dict
     return out
 
 
-def gelu_rows(rows: int, width: int, iterations: int) -> list[dict]:
+def gelu_rows(rows: int, width: int, iterations: int, configs: int) -> list[dict]:
     """The tanh GELU's gradient with the bias's (autodiff's transpose of the bias broadcast: XLA fuses the two), in
-    the package's form and the form with two sigmoids."""
+    the package's form and the form with two sigmoids; then as ``pallas_gelu``'s kernel at the first ``configs`` of
+    GELU_TILES (the same bytes: its partial sums and their sum are a few MB)."""
     keys = jax.random.split(jax.random.PRNGKey(1), 2)
     pre = (jax.random.normal(keys[0], (rows, width)) * 2).astype(jnp.bfloat16)
     dy = jax.random.normal(keys[1], (rows, width)).astype(jnp.bfloat16)
@@ -80,6 +86,10 @@ def gelu_rows(rows: int, width: int, iterations: int) -> list[dict]:
     out = [timed_row(f"gelu_gradient_{name}", "backward with the bias's", gradient_of(gelu), (pre, dy),
                      3 * rows * width * 2, iterations)
            for name, gelu in (("one_exponential", tanh_gelu), ("two_sigmoids", two_sigmoids_gelu(tanh_gelu)))]
+    for tiles in GELU_TILES[:configs]:
+        out.append(timed_row("gelu_gradient_pallas_" + "_".join(map(str, tiles)), "backward with the bias's",
+                             lambda pre, dy, tiles=tiles: pallas_gelu.gradient(pre, dy, not on_gpu, tiles),
+                             (pre, dy), 3 * rows * width * 2, iterations))
     return [*out, bias_sum_error(gradient_of(tanh_gelu), pre, dy)]
 
 
@@ -117,10 +127,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256 * 128, help="tokens: BERT-base at batch 256, length 128")
     parser.add_argument("--json", type=Path, default=None, help="the rows written here too")
     parser.add_argument("--norm_configs", type=int, default=len(NORM_TILES), help="how many of the norm's tiles")
-    args = parse_args(parser, smoke={"iterations": 2, "rows": 40, "norm_configs": 2},
-                      what="40 rows on the CPU, two of the norm's tiles, Pallas interpreted")
+    parser.add_argument("--gelu_configs", type=int, default=len(GELU_TILES), help="how many of the GELU's tiles")
+    args = parse_args(parser, smoke={"iterations": 2, "rows": 40, "norm_configs": 2, "gelu_configs": 2},
+                      what="40 rows on the CPU, two of the norm's and the GELU kernel's tiles, Pallas interpreted")
     print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; {args.rows} rows", flush=True)
-    rows = norm_rows(args.rows, 768, args.iterations, args.norm_configs) + gelu_rows(args.rows, 3072, args.iterations)
+    rows = (norm_rows(args.rows, 768, args.iterations, args.norm_configs)
+            + gelu_rows(args.rows, 3072, args.iterations, args.gelu_configs))
     if args.json:
         args.json.write_text(json.dumps({"device": jax.devices()[0].device_kind, "rows": rows}, indent=1))
 

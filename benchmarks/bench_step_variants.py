@@ -90,6 +90,11 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   call of 20 steps is launched as one graph rather than ~650 kernels a step from the host (the H200's trace: 0.74 ms
   of 1-6 us gaps per 43 ms step, at 1,293 kernels). A compile cannot show it; the card measures it (``gpu_session.sh
   probe``).
+- ``pallas_gelu``: a candidate, not in the package: the feed-forward GELU's gradient with its bias's as one Pallas
+  (Triton) kernel on a GPU (``pallas_gelu.bias_gelu``: each program sums its columns over the rows it owns, in
+  registers), for XLA's fusion of the two, the step's largest kernel that is not a product (0.274 ms per block on the
+  H200, 2.2 TB/s); the forward is as before (cuBLASLt's epilogue). The roofline sees the same bytes and 12 small sums
+  more; the card measures it (``gpu_session.sh probe``), alone too (``bench_kernels_gpu.py``).
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -161,7 +166,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
-           "norm_partials_apart", "while_graphs")
+           "norm_partials_apart", "while_graphs", "pallas_gelu")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -253,6 +258,9 @@ def variant(name: str) -> contextlib.ExitStack:
                 key: value for key, value in devices.GPU_COMPILER_OPTIONS.items() if key != option}))
     if "pallas_attention" in changes:
         patches.enter_context(mock.patch.object(model, "masked_attention", pallas_attention(model.masked_attention)))
+    if "pallas_gelu" in changes:
+        block = model.TransformerBlock
+        patches.enter_context(mock.patch.object(block, "after_attention", pallas_gelu_after(block.after_attention)))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "remat" in changes:
@@ -276,6 +284,27 @@ def pallas_attention(masked, interpret: bool = False):
         if window is not None or not (interpret or target_platform(mesh) == "gpu"):
             return masked(q, k, v, attend, documents, window, path, mesh)
         return kernel(q, k, v, attend, document_ids(None, attend, None) if documents is None else documents)
+
+    return call
+
+
+def pallas_gelu_after(after_attention, interpret: bool = False):
+    """``TransformerBlock.after_attention`` with the tanh GELU's gradient and its bias's by ``pallas_gelu``'s kernel on
+    a GPU or with ``interpret`` (``pallas_gelu``), else ``after_attention``."""
+    from keras import ops
+    from pallas_gelu import bias_gelu
+
+    from tpu_pretrain.jax_backend.devices import target_platform
+    from tpu_pretrain.models.bert_config import TANH_GELU_NAMES
+
+    def call(self, x, context, training=False, mesh=None):
+        if self.hidden_act not in TANH_GELU_NAMES or not (interpret or target_platform(mesh) == "gpu"):
+            return after_attention(self, x, context, training, mesh)
+        x = self.residual_norm(x, self.attention_output, context, self.hidden_dropout, self.attention_norm, training,
+                               mesh)
+        dense = self.intermediate
+        hidden = bias_gelu(ops.matmul(x, ops.cast(dense.kernel, x.dtype)), ops.cast(dense.bias, x.dtype), interpret)
+        return self.residual_norm(x, self.output_dense, hidden, self.ffn_dropout, self.output_norm, training, mesh)
 
     return call
 

@@ -7,9 +7,10 @@
 #   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
 #   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
 #   run --with_modernbert                        bench_gpu.py's ModernBERT phases too
-#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 3.5 minutes): the norm's and the GELU's
+#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 4 minutes): the norm's and the GELU's
 #                                                kernels alone (bench_kernels_gpu.py), the step with its loop
-#                                                in CUDA graphs (while_graphs), the step traced over one call
+#                                                in CUDA graphs (while_graphs) and with the GELU's gradient a Pallas
+#                                                kernel (pallas_gelu), the step traced over one call
 #
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
@@ -99,9 +100,10 @@ run() {
 
 probe() {
     # the step's largest kernels that are not matrix products, alone (bench_kernels_gpu.py: the Pallas norm's tiles,
-    # the GELU's gradient in both forms), the step with its whole loop in CUDA graphs against the package's
-    # (bench_step_variants.py's while_graphs; attention alone, bench_attention_gpu.py, was measured on two cards), and
-    # the step traced over one timed call: about 3.5 minutes, 5.5 at most
+    # the GELU's gradient in XLA's two forms and as pallas_gelu.py's kernel), two candidates in the step against the
+    # package's (bench_step_variants.py's while_graphs, the whole loop in CUDA graphs, and pallas_gelu; attention
+    # alone, bench_attention_gpu.py, was measured on two cards), and the step traced over one timed call: about 4
+    # minutes, 6.5 at most
     local smoke=""
     for arg in "$@"; do
         case $arg in
@@ -116,8 +118,9 @@ probe() {
     else
         local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) variant_steps=(--smoke)
     fi
-    part kernels 90 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
-    part graphs 130 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" --variants base while_graphs
+    part kernels 100 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
+    part candidates 175 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
+        --variants base while_graphs pallas_gelu
     part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
     # the trace itself only where it fits what the device tool brings back (16 MiB a file)
     find "$OUT/profile" -name trace.json.gz -size +15M -delete 2>/dev/null

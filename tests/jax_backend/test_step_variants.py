@@ -29,3 +29,61 @@ def test_the_benchmarks_option_variants_each_restore_one_default():
     assert set(options("base")) == {merger, triton}
     assert set(options("dot_merger")) == {triton} and set(options("triton_gemm")) == {merger}
     assert options("dot_merger+triton_gemm") == {} and set(options("base")) == {merger, triton}
+
+
+def test_the_pallas_gelu_candidate_gives_the_packages_block():
+    """``pallas_gelu`` (the feed-forward GELU's gradient and its bias's as one Pallas kernel), run by Pallas's
+    interpreter on the CPU in a BERT with the tanh GELU: the package's logits and every weight's gradient (float32);
+    in bfloat16 the package's input gradient, bit for bit, and the bias's the float32 sum of it rounded once."""
+    import jax.numpy as jnp
+    import numpy as np
+    from pallas_gelu import bias_gelu
+
+    from tpu_pretrain.jax_backend import model as model_module
+    from tpu_pretrain.jax_backend.lean_layers import tanh_gelu
+    from tpu_pretrain.models.bert_config import bert_config_for_size
+
+    config = bert_config_for_size("L2-H128", 300)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    config.hidden_act = "gelu_new"
+    bert = model_module.build_model(config, 32, 5, dtype="float32", attention="xla")
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(5, 300, (4, 32)).astype(np.int32), np.zeros((4, 32), np.int32),
+              rng.integers(1, 32, (4, 5)).astype(np.int32)]
+    non_trainable = [v.value for v in bert.non_trainable_variables]
+
+    def outputs_and_gradients():
+        def loss(weights):
+            out, _ = bert.stateless_call(weights, non_trainable, inputs)
+            return sum(jnp.sum(jnp.sin(o)) for o in out), out
+
+        return jax.value_and_grad(loss, has_aux=True)([v.value for v in bert.trainable_variables])
+
+    (_, want), want_grads = outputs_and_gradients()
+    block = model_module.TransformerBlock
+    after = bench_step_variants.pallas_gelu_after(block.after_attention, interpret=True)
+    called = []
+
+    def counted(*args, **kwargs):
+        called.append(1)
+        return after(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(block, "after_attention", counted)
+        (_, got), got_grads = outputs_and_gradients()
+    assert called
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0)
+    for variable, a, b in zip(bert.trainable_variables, got_grads, want_grads, strict=True):
+        assert float(jnp.max(jnp.abs(a - b))) <= 1e-5 * float(jnp.max(jnp.abs(b))), variable.path
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    h = (jax.random.normal(keys[0], (3, 50, 300)) * 3).astype(jnp.bfloat16)
+    bias = jax.random.normal(keys[1], (300,)).astype(jnp.bfloat16)
+    dy = jax.random.normal(keys[2], (3, 50, 300)).astype(jnp.bfloat16)
+    _, pullback = jax.vjp(lambda h, b: bias_gelu(h, b, True), h, bias)
+    dh, dbias = pullback(dy)
+    _, package = jax.vjp(lambda x: tanh_gelu(x, True), h + bias)
+    np.testing.assert_array_equal(np.asarray(dh), np.asarray(package(dy)[0]))
+    summed = np.asarray(dh, np.float32).reshape(-1, 300).sum(axis=0)
+    np.testing.assert_allclose(np.asarray(dbias, np.float32), summed, rtol=2**-8, atol=0)  # rounded once: half a step
