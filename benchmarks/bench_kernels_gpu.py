@@ -1,8 +1,9 @@
 """The BERT-base step's largest kernels that are not matrix products, alone on a GPU: the package's Pallas LayerNorm
 (forward and backward) at several tile shapes, and the tanh GELU's gradient with the feed-forward bias's in the
 package's form, the form before it and as a Pallas kernel (the candidate of ``pallas_gelu.py``, at several tile
-shapes); and how far the bias's gradient, a bfloat16 sum in XLA's HLO, is from a
-float32 sum (whether the GPU accumulates it in bfloat16: a question of the gradients' accuracy, not of speed).
+shapes); attention at length 128, forward and backward, by cuDNN as the package calls it and by the candidate of
+``pallas_short_attention.py`` at several tile shapes; and how far the bias's gradient, a bfloat16 sum in XLA's HLO,
+is from a float32 sum (whether the GPU accumulates it in bfloat16: a question of the gradients' accuracy, not of speed).
 
 Usage: KERAS_BACKEND=jax python benchmarks/bench_kernels_gpu.py [--json OUT.json] [--iterations 50] [--smoke]
 
@@ -29,10 +30,12 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import pallas_gelu  # noqa: E402
+import pallas_short_attention  # noqa: E402
 from bench_step_variants import two_sigmoids_gelu  # noqa: E402
 from support import kernel_time, parse_args  # noqa: E402
 
 from tpu_pretrain.jax_backend import gpu_layer_norm  # noqa: E402
+from tpu_pretrain.jax_backend.attention import fused_attention  # noqa: E402
 from tpu_pretrain.jax_backend.lean_layers import tanh_gelu  # noqa: E402
 
 # (rows per tile, tiles per backward program, warps): the package's first
@@ -41,6 +44,8 @@ NORM_TILES = ((gpu_layer_norm.ROWS, gpu_layer_norm.BACKWARD_TILES, gpu_layer_nor
 # pallas_gelu's (rows per tile, columns per program, tiles per program, warps): the module's first
 GELU_TILES = ((pallas_gelu.ROWS, pallas_gelu.COLUMNS, pallas_gelu.TILES, pallas_gelu.WARPS), (8, 256, 16, 4),
               (32, 128, 4, 4), (32, 256, 4, 8), (16, 512, 8, 8))
+# pallas_short_attention's (queries per block, the forward's warps, the backward's): the module's first
+ATTENTION_TILES = (pallas_short_attention.TILES, (64, 4, 4), (32, 4, 4), (32, 4, 8), (128, 8, 8))
 
 
 def norm_rows(rows: int, width: int, iterations: int, configs: int) -> list[dict]:
@@ -93,6 +98,34 @@ def gelu_rows(rows: int, width: int, iterations: int, configs: int) -> list[dict
     return [*out, bias_sum_error(gradient_of(tanh_gelu), pre, dy)]
 
 
+def attention_rows(batch: int, length: int, iterations: int, configs: int) -> list[dict]:
+    """BERT-base's attention (12 heads of 64), forward and backward, a quarter of the rows padded after 100 tokens:
+    cuDNN's kernels as the package calls them (``fused_attention``: the key lengths; XLA's attention off a GPU), then
+    ``pallas_short_attention``'s at the first ``configs`` of ATTENTION_TILES. Bytes: q, k, v and the output, and
+    each one's gradient, once each way."""
+    keys = jax.random.split(jax.random.PRNGKey(2), 4)
+    q, k, v, do = (jax.random.normal(key, (batch, length, 12, 64)).astype(jnp.bfloat16) for key in keys)
+    attend = jnp.arange(length)[None, :] < jnp.where(jnp.arange(batch) % 4 == 3, 100, length)[:, None]
+    on_gpu = jax.default_backend() == "gpu"
+
+    def forward_backward(attention):
+        def call(q, k, v, do):
+            out, pullback = jax.vjp(attention, q, k, v)
+            return out, pullback(do)
+
+        return call
+
+    moved = 12 * q.size * 2
+    out = [timed_row("attention_cudnn", "forward+backward", forward_backward(
+        lambda q, k, v: fused_attention(q, k, v, attend)), (q, k, v, do), moved, iterations)]
+    query_ids, key_ids = pallas_short_attention.ids(attend)
+    for tiles in ATTENTION_TILES[:configs]:
+        out.append(timed_row("attention_short_" + "_".join(map(str, tiles)), "forward+backward", forward_backward(
+            lambda q, k, v, tiles=tiles: pallas_short_attention.attention(q, k, v, query_ids, key_ids, not on_gpu,
+                                                                          tiles)), (q, k, v, do), moved, iterations))
+    return out
+
+
 def bias_sum_error(gradient, pre, dy) -> dict:
     """How far the bias's gradient (autodiff's sum over the rows of a bfloat16 gradient, which XLA's GPU compile keeps
     a bfloat16 reduction of two stages in its HLO) is from the float32 sum of the same gradient, per column against
@@ -128,11 +161,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="the rows written here too")
     parser.add_argument("--norm_configs", type=int, default=len(NORM_TILES), help="how many of the norm's tiles")
     parser.add_argument("--gelu_configs", type=int, default=len(GELU_TILES), help="how many of the GELU's tiles")
-    args = parse_args(parser, smoke={"iterations": 2, "rows": 40, "norm_configs": 2, "gelu_configs": 2},
-                      what="40 rows on the CPU, two of the norm's and the GELU kernel's tiles, Pallas interpreted")
+    parser.add_argument("--attention_configs", type=int, default=len(ATTENTION_TILES),
+                        help="how many of the short attention's tiles")
+    parser.add_argument("--attention_batch", type=int, default=256, help="sequences of 128 for attention")
+    args = parse_args(parser, smoke={"iterations": 2, "rows": 40, "norm_configs": 2, "gelu_configs": 2,
+                                     "attention_configs": 2, "attention_batch": 2},
+                      what="40 rows and two sequences on the CPU, two tiles of each kernel, Pallas interpreted")
     print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; {args.rows} rows", flush=True)
     rows = (norm_rows(args.rows, 768, args.iterations, args.norm_configs)
-            + gelu_rows(args.rows, 3072, args.iterations, args.gelu_configs))
+            + gelu_rows(args.rows, 3072, args.iterations, args.gelu_configs)
+            + attention_rows(args.attention_batch, 128, args.iterations, args.attention_configs))
     if args.json:
         args.json.write_text(json.dumps({"device": jax.devices()[0].device_kind, "rows": rows}, indent=1))
 

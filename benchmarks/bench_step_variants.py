@@ -95,6 +95,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   registers), for XLA's fusion of the two, the step's largest kernel that is not a product (0.274 ms per block on the
   H200, 2.2 TB/s); the forward is as before (cuBLASLt's epilogue). The roofline sees the same bytes and 12 small sums
   more; the card measures it (``gpu_session.sh probe``), alone too (``bench_kernels_gpu.py``).
+- ``short_attention``: a candidate, not in the package: attention at length 128 by ``pallas_short_attention``'s two
+  Pallas kernels (a program holds every key: the backward one kernel, the scores computed once, no helper kernels),
+  for cuDNN's (0.377 ms per block on the H200: its backward, forward and 1.23 ms per step of helpers, against ~0.15
+  ms of bytes). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); the card measures it.
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -166,7 +170,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
-           "norm_partials_apart", "while_graphs", "pallas_gelu")
+           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -258,6 +262,8 @@ def variant(name: str) -> contextlib.ExitStack:
                 key: value for key, value in devices.GPU_COMPILER_OPTIONS.items() if key != option}))
     if "pallas_attention" in changes:
         patches.enter_context(mock.patch.object(model, "masked_attention", pallas_attention(model.masked_attention)))
+    if "short_attention" in changes:
+        patches.enter_context(mock.patch.object(model, "masked_attention", short_attention(model.masked_attention)))
     if "pallas_gelu" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "after_attention", pallas_gelu_after(block.after_attention)))
@@ -284,6 +290,22 @@ def pallas_attention(masked, interpret: bool = False):
         if window is not None or not (interpret or target_platform(mesh) == "gpu"):
             return masked(q, k, v, attend, documents, window, path, mesh)
         return kernel(q, k, v, attend, document_ids(None, attend, None) if documents is None else documents)
+
+    return call
+
+
+def short_attention(masked, interpret: bool = False):
+    """``masked_attention`` by ``pallas_short_attention``'s kernels where they take the shapes, on a GPU or with
+    ``interpret`` (``short_attention``), else ``masked``."""
+    import pallas_short_attention
+
+    from tpu_pretrain.jax_backend.devices import target_platform
+
+    def call(q, k, v, attend, documents=None, window=None, path="auto", mesh=None):
+        if (window is not None or not pallas_short_attention.applies(q)
+                or not (interpret or target_platform(mesh) == "gpu")):
+            return masked(q, k, v, attend, documents, window, path, mesh)
+        return pallas_short_attention.attention(q, k, v, *pallas_short_attention.ids(attend, documents), interpret)
 
     return call
 

@@ -7,10 +7,10 @@
 #   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
 #   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
 #   run --with_modernbert                        bench_gpu.py's ModernBERT phases too
-#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 4 minutes): the norm's and the GELU's
-#                                                kernels alone (bench_kernels_gpu.py), the step with its loop
-#                                                in CUDA graphs (while_graphs) and with the GELU's gradient a Pallas
-#                                                kernel (pallas_gelu), the step traced over one call
+#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 5 minutes): three candidates in the step
+#                                                (its loop in CUDA graphs, the GELU's gradient and attention as
+#                                                Pallas kernels), the largest kernels alone (bench_kernels_gpu.py),
+#                                                the step traced over one call
 #
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
@@ -99,11 +99,12 @@ run() {
 }
 
 probe() {
-    # the step's largest kernels that are not matrix products, alone (bench_kernels_gpu.py: the Pallas norm's tiles,
-    # the GELU's gradient in XLA's two forms and as pallas_gelu.py's kernel), two candidates in the step against the
-    # package's (bench_step_variants.py's while_graphs, the whole loop in CUDA graphs, and pallas_gelu; attention
-    # alone, bench_attention_gpu.py, was measured on two cards), and the step traced over one timed call: about 4
-    # minutes, 6.5 at most
+    # three candidates in the step against the package's, first (what decides the next change): bench_step_variants's
+    # while_graphs (the whole loop in CUDA graphs), pallas_gelu (the GELU's gradient with its bias's as one Pallas
+    # kernel) and short_attention (attention at 128 as two Pallas kernels, the backward one); then the step's largest
+    # kernels alone (bench_kernels_gpu.py: the Pallas norm's tiles, the GELU's gradient in XLA's two forms and as
+    # pallas_gelu.py's kernel, attention by cuDNN and by pallas_short_attention.py), and the step traced over one
+    # timed call: about 5 minutes, 7.5 at most (a part cut short by its timeout costs only its own figures)
     local smoke=""
     for arg in "$@"; do
         case $arg in
@@ -118,9 +119,9 @@ probe() {
     else
         local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) variant_steps=(--smoke)
     fi
-    part kernels 100 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
-    part candidates 175 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
-        --variants base while_graphs pallas_gelu
+    part candidates 220 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
+        --variants base while_graphs pallas_gelu short_attention
+    part kernels 120 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
     part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
     # the trace itself only where it fits what the device tool brings back (16 MiB a file)
     find "$OUT/profile" -name trace.json.gz -size +15M -delete 2>/dev/null

@@ -299,3 +299,43 @@ def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_do
         (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
         for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
             np.testing.assert_allclose(np.asarray(g)[real], np.asarray(w)[real], atol=2e-5)
+
+
+def test_short_attention_candidate_is_the_packages_attention_under_padding_and_documents():
+    """``bench_step_variants``'s ``short_attention`` (``pallas_short_attention``'s kernels: every key in a program,
+    the backward one kernel), run by Pallas's interpreter on the CPU at two query blocks per sequence: the package's
+    XLA attention's outputs and gradients at every real token, one row padded, documents packed two to a row; finite
+    everywhere, padding included (a padded query of the documents' case sees no key at all)."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_step_variants
+    import pallas_short_attention
+
+    from tpu_pretrain.jax_backend.attention import masked_attention
+
+    rng = np.random.default_rng(1)
+    real = np.arange(32)[None] < np.array([32, 20])[:, None]
+    attend = jnp.asarray(real)
+    documents = jnp.asarray(np.where(real, (np.arange(32)[None] >= np.array([10, 5])[:, None]) + 1, 0), jnp.int32)
+    short = bench_step_variants.short_attention(masked_attention, interpret=True)
+    with pytest.MonkeyPatch.context() as patch:  # two blocks of 16 queries: the backward's loop runs twice
+        patch.setattr(pallas_short_attention, "TILES", (16, 4, 8))
+        for dtype, tolerance in ((jnp.float32, 2e-6), (jnp.bfloat16, 3e-2)):
+            q, k, v = (jnp.asarray(rng.normal(size=(2, 32, 2, 16)), dtype) for _ in range(3))
+            for docs in (None, documents):
+                def loss(attention, q, k, v, docs=docs):
+                    out = attention(q, k, v, attend, docs).astype(jnp.float32)
+                    return jnp.sum(jnp.where(attend[..., None, None], out * jnp.cos(out), 0.0)), out
+
+                def run(attention, inputs=(q, k, v)):
+                    return jax.value_and_grad(lambda *a: loss(attention, *a), argnums=(0, 1, 2), has_aux=True)(*inputs)
+
+                (_, got), got_grads = run(short)
+                (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
+                for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
+                    assert bool(jnp.isfinite(g.astype(jnp.float32)).all())
+                    g, w = np.asarray(g, np.float32)[real], np.asarray(w, np.float32)[real]
+                    np.testing.assert_allclose(g, w, atol=tolerance * float(np.abs(w).max()))

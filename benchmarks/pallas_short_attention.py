@@ -1,0 +1,154 @@
+"""A candidate for the next GPU card: attention at BERT's length (128) as two Pallas (Triton) kernels whose programs
+hold every key at once, so that the backward pass is one kernel with no helpers.
+
+Why: on the H200's trace of BERT-base's step (benchmarks/GPU_NOTES.md, 2026-11-28) cuDNN's attention took 4.52 ms per
+step, 0.377 ms per block, where its bytes (q, k, v, the output and their gradients, ~600 MB) move in ~0.15 ms at the
+card's copy rate: the backward 2.39 ms, the forward 0.91, and 1.23 ms of helpers around them (a kernel for each query's
+``sum(dO * O)`` and one converting dQ from the float32 it accumulates atomically). JAX's Pallas flash attention does as
+well in the step (1.000x) and no better: a helper kernel for the same sums, and its backward computes the scores
+twice (once for dK and dV, once for dQ). At 128 keys neither is needed: a program of the backward owns one
+sequence's head, every key and value in registers, and walks its queries in blocks of :data:`QUERY_BLOCK`: per block
+the scores once, the sums of ``dO * O`` from the output it reads anyway, dQ written once in the input's dtype, dK and
+dV accumulated across the blocks and written at the end. Five products per block where the flash backward does seven;
+one kernel where cuDNN runs three.
+
+The forward: a program per block of queries of a sequence's head, against every key (the softmax whole, no running
+maximum), writing the output and each query's log-sum-exp for the backward.
+
+Masks as the package's attention takes them: ``attend`` (padding) and ``documents`` (each token's document: a query
+sees the keys of its own), as ids compared in the kernel (a key not attended is never seen; a query that sees no key at
+all, padding, gets a finite average of the values, never NaN). Lengths up to :data:`LONGEST` (a power of two), no
+dropout (the package takes its fused path only without attention dropout), one device.
+
+Measured by ``bench_kernels_gpu.py`` (alone, against cuDNN's call as the package makes it) and ``bench_step_variants.py
+--variants base short_attention`` (in the step): the package takes it only if the card says it pays.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu
+
+QUERY_BLOCK = 64  # queries per block: [64, 128] float32 scores, probabilities and their gradients in registers
+FORWARD_WARPS = 4
+BACKWARD_WARPS = 8  # the backward holds dK and dV ([128, 64] float32 each) besides a block's scores and gradients
+TILES = (QUERY_BLOCK, FORWARD_WARPS, BACKWARD_WARPS)
+LONGEST = 256  # every key in one program's registers: longer sequences are the flash kernels' work
+MASKED = -1e30  # a score no key may be seen at; finite, so a row with nothing to see stays finite
+LOG2_E = math.log2(math.e)
+
+
+def applies(q) -> bool:
+    """Whether ``q`` (``[batch, length, heads, head_size]``) is a shape these kernels take: a length and a head size
+    that are powers of two (Triton's blocks), the length at most :data:`LONGEST`."""
+    _, length, _, size = q.shape
+    return all(n >= 16 and n & (n - 1) == 0 for n in (length, size)) and length <= LONGEST
+
+
+def ids(attend, documents=None):
+    """``(query ids, key ids)`` ``[batch, length]`` int32: a query sees the keys of equal id. Keys not attended get
+    -1, which no query has (documents' ids are 0 or more)."""
+    queries = jnp.zeros(attend.shape, jnp.int32) if documents is None else documents.astype(jnp.int32)
+    return queries, jnp.where(attend, queries, -1)
+
+
+def _scores(q, k, q_ids, k_ids, scale):
+    """A block's scores against every key in log2 units, masked."""
+    s = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * (scale * LOG2_E)
+    return jnp.where(q_ids[:, None] == k_ids[None, :], s, MASKED)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, scale):
+    s = _scores(q_ref[...], k_ref[...], q_ids_ref[...], k_ids_ref[...], scale)
+    top = jnp.max(s, axis=1)
+    p = jnp.exp2(s - top[:, None])
+    total = jnp.sum(p, axis=1)
+    o = plgpu.dot(p.astype(v_ref.dtype), v_ref[...]).astype(jnp.float32) / total[:, None]
+    o_ref[...] = o.astype(o_ref.dtype)
+    lse_ref[...] = top + jnp.log2(total)
+
+
+def _backward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref, *,
+                     scale, block):
+    k, v, k_ids = k_ref[...], v_ref[...], k_ids_ref[...]
+
+    def queries(i, sums):
+        dk, dv = sums
+        rows = pl.ds(i * block, block)
+        q, do = q_ref[rows, :], do_ref[rows, :]
+        p = jnp.exp2(_scores(q, k, q_ids_ref[rows], k_ids, scale) - lse_ref[rows][:, None])
+        # each query's sum of dO * O: the softmax's gradient's shift, here rather than a kernel of its own
+        shift = jnp.sum(do.astype(jnp.float32) * o_ref[rows, :].astype(jnp.float32), axis=1)
+        dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True).astype(jnp.float32)
+        dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
+        ds = (p * (dp - shift[:, None]) * scale).astype(q.dtype)
+        dq_ref[rows, :] = plgpu.dot(ds, k).astype(dq_ref.dtype)
+        return dk + plgpu.dot(ds, q, trans_a=True).astype(jnp.float32), dv
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // block, queries, (zeros, zeros))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _specs(length, size, block=None):
+    """BlockSpecs over ``[batch, length, heads, size]`` arrays and their ``[batch, length]`` ids: a block of queries
+    (``block``; grid ``(batch, heads, blocks)``) or the whole sequence (grid ``(batch, heads)``)."""
+    if block is None:
+        return (pl.BlockSpec((None, length, None, size), lambda b, h: (b, 0, h, 0)),
+                pl.BlockSpec((None, length), lambda b, h: (b, 0)),
+                pl.BlockSpec((None, None, length), lambda b, h: (b, h, 0)))
+    return (pl.BlockSpec((None, block, None, size), lambda b, h, i: (b, i, h, 0)),
+            pl.BlockSpec((None, block), lambda b, h, i: (b, i)),
+            pl.BlockSpec((None, None, block), lambda b, h, i: (b, h, i)))
+
+
+def _forward(q, k, v, q_ids, k_ids, interpret, tiles):
+    block, warps, _ = tiles or TILES
+    batch, length, heads, size = q.shape
+    block = min(block, length)
+    rows, row_ids, row_lse = _specs(length, size, block)
+    whole, whole_ids, _ = _specs(length, size)
+    keys = pl.BlockSpec(whole.block_shape, lambda b, h, i: (b, 0, h, 0))
+    key_ids = pl.BlockSpec(whole_ids.block_shape, lambda b, h, i: (b, 0))
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, scale=1 / math.sqrt(size)), grid=(batch, heads, length // block),
+        in_specs=[rows, keys, keys, row_ids, key_ids], out_specs=[rows, row_lse],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
+        interpret=interpret, name="short_attention_forward", compiler_params=plgpu.CompilerParams(num_warps=warps),
+    )(q, k, v, q_ids, k_ids)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def attention(q, k, v, q_ids, k_ids, interpret=False, tiles=None):
+    """Softmax attention of ``[batch, length, heads, head_size]`` arrays, query ``i`` seeing the keys ``j`` with
+    ``k_ids[j] == q_ids[i]`` (:func:`ids`), in ``q``'s dtype. ``tiles``: ``(queries per block, the forward's warps,
+    the backward's)``, :data:`TILES` if None."""
+    return _forward(q, k, v, q_ids, k_ids, interpret, tiles)[0]
+
+
+def _attention_forward(q, k, v, q_ids, k_ids, interpret, tiles):
+    o, lse = _forward(q, k, v, q_ids, k_ids, interpret, tiles)
+    return o, (q, k, v, q_ids, k_ids, o, lse)
+
+
+def _attention_backward(interpret, tiles, saved, do):
+    q, k, v, q_ids, k_ids, o, lse = saved
+    block, _, warps = tiles or TILES
+    batch, length, heads, size = q.shape
+    whole, whole_ids, whole_lse = _specs(length, size)
+    kernel = functools.partial(_backward_kernel, scale=1 / math.sqrt(size), block=min(block, length))
+    dq, dk, dv = pl.pallas_call(
+        kernel, grid=(batch, heads), in_specs=[whole, whole, whole, whole_ids, whole_ids, whole, whole, whole_lse],
+        out_specs=[whole, whole, whole], out_shape=[jax.ShapeDtypeStruct(t.shape, t.dtype) for t in (q, k, v)],
+        interpret=interpret, name="short_attention_backward", compiler_params=plgpu.CompilerParams(num_warps=warps),
+    )(q, k, v, q_ids, k_ids, o, do.astype(q.dtype), lse)
+    return dq, dk, dv, None, None
+
+
+attention.defvjp(_attention_forward, _attention_backward)
