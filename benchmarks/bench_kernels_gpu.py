@@ -42,7 +42,7 @@ from tpu_pretrain.jax_backend.lean_layers import tanh_gelu  # noqa: E402
 NORM_TILES = ((gpu_layer_norm.ROWS, gpu_layer_norm.BACKWARD_TILES, gpu_layer_norm.WARPS), (8, 1, 4), (8, 8, 4),
               (16, 2, 4), (16, 4, 8), (4, 8, 4))
 # pallas_gelu's (rows per tile, columns per program, tiles per program, warps): the module's first
-GELU_TILES = ((pallas_gelu.ROWS, pallas_gelu.COLUMNS, pallas_gelu.TILES, pallas_gelu.WARPS), (8, 256, 16, 4),
+GELU_TILES = (pallas_gelu.TILES, (8, 256, 16, 4),
               (32, 128, 4, 4), (32, 256, 4, 8), (16, 512, 8, 8))
 # pallas_short_attention's (queries per block, the forward's warps, the backward's): the module's first
 ATTENTION_TILES = (pallas_short_attention.TILES, (64, 4, 4), (32, 4, 4), (32, 4, 8), (128, 8, 8))

@@ -98,13 +98,22 @@ run() {
     echo "== done: $OUT"
 }
 
+fastest() {  # fastest PREFIX: the tiles of kernels.json's fastest row named PREFIX + tiles joined by _, as 1,2,3
+    "$python" - "$OUT/kernels.json" "$1" <<'EOF' 2>/dev/null
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["name"].startswith(sys.argv[2]) and "ms" in r]
+print(",".join(min(rows, key=lambda r: r["ms"])["name"][len(sys.argv[2]):].split("_")) if rows else "")
+EOF
+}
+
 probe() {
-    # three candidates in the step against the package's, first (what decides the next change): bench_step_variants's
-    # while_graphs (the whole loop in CUDA graphs), pallas_gelu (the GELU's gradient with its bias's as one Pallas
-    # kernel) and short_attention (attention at 128 as two Pallas kernels, the backward one); then the step's largest
-    # kernels alone (bench_kernels_gpu.py: the Pallas norm's tiles, the GELU's gradient in XLA's two forms and as
-    # pallas_gelu.py's kernel, attention by cuDNN and by pallas_short_attention.py), and the step traced over one
-    # timed call: about 5 minutes, 7.5 at most (a part cut short by its timeout costs only its own figures)
+    # the step's largest kernels alone (bench_kernels_gpu.py: the Pallas norm's tiles, the GELU's gradient in XLA's
+    # two forms and as pallas_gelu.py's kernel, attention by cuDNN and by pallas_short_attention.py, each candidate at
+    # five tile shapes); three candidates in the step against the package's, the two kernels at their fastest tiles
+    # alone: bench_step_variants's while_graphs (the whole loop in CUDA graphs), pallas_gelu (the GELU's gradient with
+    # its bias's as one Pallas kernel) and short_attention (attention at 128 as two Pallas kernels, the backward one);
+    # the step traced over one timed call: about 5 minutes, 7.5 at most (a part cut short by its timeout costs only
+    # its own figures)
     local smoke=""
     for arg in "$@"; do
         case $arg in
@@ -119,9 +128,13 @@ probe() {
     else
         local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) variant_steps=(--smoke)
     fi
+    part kernels 120 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
+    PALLAS_GELU_TILES=$(fastest gelu_gradient_pallas_) SHORT_ATTENTION_TILES=$(fastest attention_short_)
+    echo "== the candidates' tiles, fastest alone: PALLAS_GELU_TILES=$PALLAS_GELU_TILES" \
+        "SHORT_ATTENTION_TILES=$SHORT_ATTENTION_TILES (empty: the modules' own)"
+    export PALLAS_GELU_TILES SHORT_ATTENTION_TILES
     part candidates 220 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
         --variants base while_graphs pallas_gelu short_attention
-    part kernels 120 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
     part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
     # the trace itself only where it fits what the device tool brings back (16 MiB a file)
     find "$OUT/profile" -name trace.json.gz -size +15M -delete 2>/dev/null

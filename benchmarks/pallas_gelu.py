@@ -8,8 +8,8 @@ copies at ~4.3 and the package's Pallas norms move theirs at ~2.8. Two suspects,
 its arithmetic (XLA's exponential and IEEE division per element; the package's gradient since has one of each, not
 two) and XLA's column reduction (the bias's gradient summed over 32,768 rows through shared memory in the same
 kernel). This kernel answers both: Triton's exponential and division are the fast hardware forms, and each program
-sums its columns in registers over the rows it owns, writing partial sums a row per :data:`ROWS` x :data:`TILES`
-rows, which one small reduction adds up (as the package's norms do).
+sums its columns in registers over the rows it owns, writing a row of partial sums per program (:data:`TILES`),
+which one small reduction adds up (as the package's norms do).
 
 Measured by ``bench_kernels_gpu.py`` (alone, on the step's shapes, against XLA's fusion in the package's form) and
 ``bench_step_variants.py --variants base pallas_gelu`` (in the step): the package takes it only if the card says it
@@ -22,14 +22,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from support import kernel_tiles
 
 from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu
 from tpu_pretrain.jax_backend.lean_layers import _TANH_CUBIC, _TANH_SCALE
 
-ROWS = 16  # rows per tile
-COLUMNS = 256  # columns per program: 3,072 = 12 blocks
-TILES = 8  # tiles a program loops over, summing the bias's gradient as it goes: a partial row per 128 rows
-WARPS = 4
+# (rows per tile, columns per program (3,072 = 12 blocks of 256), tiles a program loops over summing the bias's
+# gradient as it goes (a partial row per 128 rows), warps); PALLAS_GELU_TILES overrides (support.kernel_tiles)
+TILES = kernel_tiles("PALLAS_GELU_TILES", (16, 256, 8, 4))
 
 
 def _slope(x):
@@ -64,8 +64,8 @@ def _kernel(pre_ref, dy_ref, dpre_ref, partial_ref, *, tiles, rows, columns):
 
 def gradient(pre, dy, interpret: bool = False, tiles=None):
     """``(dy * gelu'(pre), the sum of that over the rows in float32)`` for 2-D ``pre`` and ``dy``: the GELU's input's
-    gradient (``pre``'s dtype) and the bias's. ``tiles``: ``(ROWS, COLUMNS, TILES, WARPS)``, the module's if None."""
-    rows, columns, per_program, warps = tiles or (ROWS, COLUMNS, TILES, WARPS)
+    gradient (``pre``'s dtype) and the bias's. ``tiles``: as :data:`TILES` (which None takes)."""
+    rows, columns, per_program, warps = tiles or TILES
     height, width = pre.shape
     programs = pl.cdiv(height, rows * per_program)
     kernel = functools.partial(_kernel, tiles=per_program, rows=rows, columns=columns)

@@ -7,7 +7,7 @@ card's copy rate: the backward 2.39 ms, the forward 0.91, and 1.23 ms of helpers
 ``sum(dO * O)`` and one converting dQ from the float32 it accumulates atomically). JAX's Pallas flash attention does as
 well in the step (1.000x) and no better: a helper kernel for the same sums, and its backward computes the scores
 twice (once for dK and dV, once for dQ). At 128 keys neither is needed: a program of the backward owns one
-sequence's head, every key and value in registers, and walks its queries in blocks of :data:`QUERY_BLOCK`: per block
+sequence's head, every key and value in registers, and walks its queries in blocks (:data:`TILES`): per block
 the scores once, the sums of ``dO * O`` from the output it reads anyway, dQ written once in the input's dtype, dK and
 dV accumulated across the blocks and written at the end. Five products per block where the flash backward does seven;
 one kernel where cuDNN runs three.
@@ -31,13 +31,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+from support import kernel_tiles
 
 from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu
 
-QUERY_BLOCK = 64  # queries per block: [64, 128] float32 scores, probabilities and their gradients in registers
-FORWARD_WARPS = 4
-BACKWARD_WARPS = 8  # the backward holds dK and dV ([128, 64] float32 each) besides a block's scores and gradients
-TILES = (QUERY_BLOCK, FORWARD_WARPS, BACKWARD_WARPS)
+# (queries per block: [64, 128] float32 scores, probabilities and their gradients in registers; the forward's warps;
+# the backward's, which holds dK and dV, [128, 64] float32 each, besides); SHORT_ATTENTION_TILES overrides
+TILES = kernel_tiles("SHORT_ATTENTION_TILES", (64, 4, 8))
 LONGEST = 256  # every key in one program's registers: longer sequences are the flash kernels' work
 MASKED = -1e30  # a score no key may be seen at; finite, so a row with nothing to see stays finite
 LOG2_E = math.log2(math.e)

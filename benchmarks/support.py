@@ -8,6 +8,7 @@ JAX, so the JAX-only benchmark can use it on an image without TensorFlow.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -19,7 +20,7 @@ from tpu_pretrain.data.random_data import random_batch, write_random_data_folder
 from tpu_pretrain.data.sample_corpus import write_sample_corpus
 from tpu_pretrain.data.vocab import build_vocab
 
-__all__ = ["corpus_spec", "corpus_specs", "kernel_time", "modern_data", "parse_args", "random_batch",
+__all__ = ["corpus_spec", "corpus_specs", "kernel_time", "kernel_tiles", "modern_data", "parse_args", "random_batch",
            "where_the_work_went", "write_random_data_folder"]
 
 SMOKE_NOTE = ("smoke mode ({}): this proves the benchmark runs end to end; its figures are meaningless "
@@ -101,3 +102,15 @@ def kernel_time(call, arguments: tuple, iterations: int) -> tuple[float, float]:
         result = jitted(*arguments)
     jax.block_until_ready(result)
     return first, (time.perf_counter() - start) / iterations * 1e3
+
+
+def kernel_tiles(variable: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A candidate kernel's tile shape: ``default``, or the environment's ``variable`` (integers joined by commas, as
+    many as ``default`` has), which ``gpu_session.sh probe`` sets to the shape fastest alone before timing the step."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    tiles = tuple(int(n) for n in text.split(","))
+    if len(tiles) != len(default):
+        raise ValueError(f"{variable}={text!r}: {len(default)} integers joined by commas, as {default}")
+    return tiles

@@ -339,3 +339,20 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
                     assert bool(jnp.isfinite(g.astype(jnp.float32)).all())
                     g, w = np.asarray(g, np.float32)[real], np.asarray(w, np.float32)[real]
                     np.testing.assert_allclose(g, w, atol=tolerance * float(np.abs(w).max()))
+
+
+def test_a_candidate_kernels_tiles_come_from_the_environment_or_its_default(monkeypatch):
+    """``support.kernel_tiles``: what ``gpu_session.sh probe`` hands the step's candidates (the tiles fastest alone);
+    unset or empty, the module's own; a shape of the wrong length refused by the variable's name."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from support import kernel_tiles
+
+    monkeypatch.delenv("SOME_TILES", raising=False)
+    assert kernel_tiles("SOME_TILES", (64, 4, 8)) == (64, 4, 8)
+    monkeypatch.setenv("SOME_TILES", "")
+    assert kernel_tiles("SOME_TILES", (64, 4, 8)) == (64, 4, 8)
+    monkeypatch.setenv("SOME_TILES", "32,4,4")
+    assert kernel_tiles("SOME_TILES", (64, 4, 8)) == (32, 4, 4)
+    monkeypatch.setenv("SOME_TILES", "32,4")
+    with pytest.raises(ValueError, match="SOME_TILES"):
+        kernel_tiles("SOME_TILES", (64, 4, 8))
