@@ -17,7 +17,7 @@ maximum), writing the output and each query's log-sum-exp for the backward.
 
 Masks as the package's attention takes them: ``attend`` (padding) and ``documents`` (each token's document: a query
 sees the keys of its own), as ids compared in the kernel (a key not attended is never seen; a query that sees no key at
-all, padding, gets a finite average of the values, never NaN). Lengths up to :data:`LONGEST` (a power of two), no
+all, padding, gets zeros and no gradient, never NaN). Lengths up to :data:`LONGEST` (a power of two), no
 dropout (the package takes its fused path only without attention dropout), one device.
 
 Measured by ``bench_kernels_gpu.py`` (alone, against cuDNN's call as the package makes it) and ``bench_step_variants.py
@@ -69,8 +69,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *
     p = jnp.exp2(s - top[:, None])
     total = jnp.sum(p, axis=1)
     o = plgpu.dot(p.astype(v_ref.dtype), v_ref[...]).astype(jnp.float32) / total[:, None]
-    o_ref[...] = o.astype(o_ref.dtype)
-    lse_ref[...] = top + jnp.log2(total)
+    # a query that sees no key (padding) gets zeros, and a log-sum-exp above every score: the backward's
+    # probabilities, exp2(score - lse), are then 0 for it, where -1e30 + log2(total) would round back to -1e30
+    sees = top > MASKED / 2
+    o_ref[...] = jnp.where(sees[:, None], o, 0.0).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(sees, top + jnp.log2(total), -MASKED)
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref, *,

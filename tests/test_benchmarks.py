@@ -305,7 +305,7 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
     """``bench_step_variants``'s ``short_attention`` (``pallas_short_attention``'s kernels: every key in a program,
     the backward one kernel), run by Pallas's interpreter on the CPU at two query blocks per sequence: the package's
     XLA attention's outputs and gradients at every real token, one row padded, documents packed two to a row; finite
-    everywhere, padding included (a padded query of the documents' case sees no key at all)."""
+    everywhere, and zeros with no gradient for a query that sees no key (padding, documents apart)."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
@@ -335,6 +335,8 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
 
                 (_, got), got_grads = run(short)
                 (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
+                if docs is not None:  # the padded queries see no key (their documents' id is none of the keys')
+                    assert not np.asarray(got)[~real].any() and not np.asarray(got_grads[0])[~real].any()
                 for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
                     assert bool(jnp.isfinite(g.astype(jnp.float32)).all())
                     g, w = np.asarray(g, np.float32)[real], np.asarray(w, np.float32)[real]
