@@ -96,9 +96,10 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   H200, 2.2 TB/s); the forward is as before (cuBLASLt's epilogue). The roofline sees the same bytes and 12 small sums
   more; the card measures it (``gpu_session.sh probe``), alone too (``bench_kernels_gpu.py``).
 - ``short_attention``: a candidate, not in the package: attention at length 128 by ``pallas_short_attention``'s two
-  Pallas kernels (a program holds every key: the backward one kernel, the scores computed once, no helper kernels),
-  for cuDNN's (0.377 ms per block on the H200: its backward, forward and 1.23 ms per step of helpers, against ~0.15
-  ms of bytes). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); the card measures it.
+  Pallas kernels (a program holds every key: the backward one kernel, the scores computed once, no helper kernels,
+  the query's and value's bias gradients summed in its pass), for cuDNN's (0.377 ms per block on the H200: its
+  backward, forward and 1.23 ms per step of helpers, against ~0.15 ms of bytes) and the 22 reductions of those biases'
+  gradients (0.38 ms). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); the card measures it.
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -263,7 +264,8 @@ def variant(name: str) -> contextlib.ExitStack:
     if "pallas_attention" in changes:
         patches.enter_context(mock.patch.object(model, "masked_attention", pallas_attention(model.masked_attention)))
     if "short_attention" in changes:
-        patches.enter_context(mock.patch.object(model, "masked_attention", short_attention(model.masked_attention)))
+        block = model.TransformerBlock
+        patches.enter_context(mock.patch.object(block, "context", short_attention_context(block.context)))
     if "pallas_gelu" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "after_attention", pallas_gelu_after(block.after_attention)))
@@ -294,18 +296,28 @@ def pallas_attention(masked, interpret: bool = False):
     return call
 
 
-def short_attention(masked, interpret: bool = False):
-    """``masked_attention`` by ``pallas_short_attention``'s kernels where they take the shapes, on a GPU or with
-    ``interpret`` (``short_attention``), else ``masked``."""
+def short_attention_context(context, interpret: bool = False):
+    """``TransformerBlock.context`` with attention by ``pallas_short_attention``'s kernels where they take the shapes,
+    the query's and value's biases added and their gradients summed inside them (the projections' GEMMs then add
+    none), on a GPU or with ``interpret`` (``short_attention``), else ``context``."""
     import pallas_short_attention
+    from keras import ops
 
     from tpu_pretrain.jax_backend.devices import target_platform
+    from tpu_pretrain.jax_backend.model import shared_input_projections
 
-    def call(q, k, v, attend, documents=None, window=None, path="auto", mesh=None):
-        if (window is not None or not pallas_short_attention.applies(q)
+    def call(self, x, attend, documents=None, training=False, mesh=None):
+        batch, length, width = x.shape
+        shape = (batch, length, self.heads, width // self.heads)
+        if (self.explicit(training) or not pallas_short_attention.applies(shape)
                 or not (interpret or target_platform(mesh) == "gpu")):
-            return masked(q, k, v, attend, documents, window, path, mesh)
-        return pallas_short_attention.attention(q, k, v, *pallas_short_attention.ids(attend, documents), interpret)
+            return context(self, x, attend, documents, training, mesh)
+        kernels = tuple(ops.cast(p.kernel, x.dtype) for p in (self.query, self.key, self.value))
+        q, k, v, x = shared_input_projections(x, kernels, None, target_platform(mesh) == "gpu")
+        q_bias, v_bias = (ops.reshape(ops.cast(p.bias, x.dtype), shape[2:]) for p in (self.query, self.value))
+        out = pallas_short_attention.attention(*(ops.reshape(t, shape) for t in (q, k, v)), q_bias, v_bias,
+                                               *pallas_short_attention.ids(attend, documents), interpret)
+        return ops.reshape(out, x.shape), x
 
     return call
 

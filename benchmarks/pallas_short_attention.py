@@ -10,7 +10,9 @@ twice (once for dK and dV, once for dQ). At 128 keys neither is needed: a progra
 sequence's head, every key and value in registers, and walks its queries in blocks (:data:`TILES`): per block
 the scores once, the sums of ``dO * O`` from the output it reads anyway, dQ written once in the input's dtype, dK and
 dV accumulated across the blocks and written at the end. Five products per block where the flash backward does seven;
-one kernel where cuDNN runs three.
+one kernel where cuDNN runs three. The query's and value's projection biases come in too, added in the kernels, and
+the backward sums their gradients as it goes (XLA read dQ and dV again for them: 22 reductions, 0.38 ms of the
+H200's step).
 
 The forward: a program per block of queries of a sequence's head, against every key (the softmax whole, no running
 maximum), writing the output and each query's log-sum-exp for the backward.
@@ -33,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from support import kernel_tiles
 
-from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu
+from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu, summed_together
 
 # (queries per block: [64, 128] float32 scores, probabilities and their gradients in registers; the forward's warps;
 # the backward's, which holds dK and dV, [128, 64] float32 each, besides); SHORT_ATTENTION_TILES overrides
@@ -43,10 +45,10 @@ MASKED = -1e30  # a score no key may be seen at; finite, so a row with nothing t
 LOG2_E = math.log2(math.e)
 
 
-def applies(q) -> bool:
-    """Whether ``q`` (``[batch, length, heads, head_size]``) is a shape these kernels take: a length and a head size
-    that are powers of two (Triton's blocks), the length at most :data:`LONGEST`."""
-    _, length, _, size = q.shape
+def applies(shape) -> bool:
+    """Whether ``[batch, length, heads, head_size]`` is a shape these kernels take: a length and a head size that are
+    powers of two (Triton's blocks), the length at most :data:`LONGEST`."""
+    _, length, _, size = shape
     return all(n >= 16 and n & (n - 1) == 0 for n in (length, size)) and length <= LONGEST
 
 
@@ -63,12 +65,17 @@ def _scores(q, k, q_ids, k_ids, scale):
     return jnp.where(q_ids[:, None] == k_ids[None, :], s, MASKED)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, scale):
-    s = _scores(q_ref[...], k_ref[...], q_ids_ref[...], k_ids_ref[...], scale)
+def _biased(ref, bias_ref):
+    """A block of queries or values with their projection's bias added (in float32, rounded once more)."""
+    return (ref.astype(jnp.float32) + bias_ref[...].astype(jnp.float32)[None, :]).astype(ref.dtype)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, q_bias_ref, v_bias_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, scale):
+    s = _scores(_biased(q_ref[...], q_bias_ref), k_ref[...], q_ids_ref[...], k_ids_ref[...], scale)
     top = jnp.max(s, axis=1)
     p = jnp.exp2(s - top[:, None])
     total = jnp.sum(p, axis=1)
-    o = plgpu.dot(p.astype(v_ref.dtype), v_ref[...]).astype(jnp.float32) / total[:, None]
+    o = plgpu.dot(p.astype(v_ref.dtype), _biased(v_ref[...], v_bias_ref)).astype(jnp.float32) / total[:, None]
     # a query that sees no key (padding) gets zeros, and a log-sum-exp above every score: the backward's
     # probabilities, exp2(score - lse), are then 0 for it, where -1e30 + log2(total) would round back to -1e30
     sees = top > MASKED / 2
@@ -76,27 +83,34 @@ def _forward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *
     lse_ref[...] = jnp.where(sees, top + jnp.log2(total), -MASKED)
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref, *,
-                     scale, block):
-    k, v, k_ids = k_ref[...], v_ref[...], k_ids_ref[...]
+def _backward_kernel(q_ref, k_ref, v_ref, q_bias_ref, v_bias_ref, q_ids_ref, k_ids_ref, o_ref, do_ref, lse_ref,
+                     dq_ref, dk_ref, dv_ref, dq_bias_ref, dv_bias_ref, *, scale, block):
+    k, v, k_ids = k_ref[...], _biased(v_ref[...], v_bias_ref), k_ids_ref[...]
 
     def queries(i, sums):
-        dk, dv = sums
+        dk, dv, dq_bias = sums
         rows = pl.ds(i * block, block)
-        q, do = q_ref[rows, :], do_ref[rows, :]
+        q, do = _biased(q_ref[rows, :], q_bias_ref), do_ref[rows, :]
         p = jnp.exp2(_scores(q, k, q_ids_ref[rows], k_ids, scale) - lse_ref[rows][:, None])
         # each query's sum of dO * O: the softmax's gradient's shift, here rather than a kernel of its own
         shift = jnp.sum(do.astype(jnp.float32) * o_ref[rows, :].astype(jnp.float32), axis=1)
         dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True).astype(jnp.float32)
         dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
         ds = (p * (dp - shift[:, None]) * scale).astype(q.dtype)
-        dq_ref[rows, :] = plgpu.dot(ds, k).astype(dq_ref.dtype)
-        return dk + plgpu.dot(ds, q, trans_a=True).astype(jnp.float32), dv
+        dq = plgpu.dot(ds, k).astype(dq_ref.dtype)
+        dq_ref[rows, :] = dq
+        # the query bias's gradient: dQ summed over the rows as stored, here rather than a reduction reading it again
+        dq_bias = dq_bias + jnp.sum(dq.astype(jnp.float32), axis=0)
+        return dk + plgpu.dot(ds, q, trans_a=True).astype(jnp.float32), dv, dq_bias
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // block, queries, (zeros, zeros))
+    dk, dv, dq_bias = jax.lax.fori_loop(0, q_ref.shape[0] // block, queries,
+                                        (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32)))
     dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dv = dv.astype(dv_ref.dtype)
+    dv_ref[...] = dv
+    dq_bias_ref[...] = dq_bias
+    dv_bias_ref[...] = jnp.sum(dv.astype(jnp.float32), axis=0)
 
 
 def _specs(length, size, block=None):
@@ -111,7 +125,7 @@ def _specs(length, size, block=None):
             pl.BlockSpec((None, None, block), lambda b, h, i: (b, h, i)))
 
 
-def _forward(q, k, v, q_ids, k_ids, interpret, tiles):
+def _forward(q, k, v, q_bias, v_bias, q_ids, k_ids, interpret, tiles):
     block, warps, _ = tiles or TILES
     batch, length, heads, size = q.shape
     block = min(block, length)
@@ -119,39 +133,48 @@ def _forward(q, k, v, q_ids, k_ids, interpret, tiles):
     whole, whole_ids, _ = _specs(length, size)
     keys = pl.BlockSpec(whole.block_shape, lambda b, h, i: (b, 0, h, 0))
     key_ids = pl.BlockSpec(whole_ids.block_shape, lambda b, h, i: (b, 0))
+    head_bias = pl.BlockSpec((None, size), lambda b, h, i: (h, 0))
     return pl.pallas_call(
         functools.partial(_forward_kernel, scale=1 / math.sqrt(size)), grid=(batch, heads, length // block),
-        in_specs=[rows, keys, keys, row_ids, key_ids], out_specs=[rows, row_lse],
+        in_specs=[rows, keys, keys, head_bias, head_bias, row_ids, key_ids], out_specs=[rows, row_lse],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
         interpret=interpret, name="short_attention_forward", compiler_params=plgpu.CompilerParams(num_warps=warps),
-    )(q, k, v, q_ids, k_ids)
+    )(q, k, v, q_bias, v_bias, q_ids, k_ids)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def attention(q, k, v, q_ids, k_ids, interpret=False, tiles=None):
-    """Softmax attention of ``[batch, length, heads, head_size]`` arrays, query ``i`` seeing the keys ``j`` with
-    ``k_ids[j] == q_ids[i]`` (:func:`ids`), in ``q``'s dtype. ``tiles``: ``(queries per block, the forward's warps,
-    the backward's)``, :data:`TILES` if None."""
-    return _forward(q, k, v, q_ids, k_ids, interpret, tiles)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def attention(q, k, v, q_bias, v_bias, q_ids, k_ids, interpret=False, tiles=None):
+    """Softmax attention of ``[batch, length, heads, head_size]`` arrays, ``q + q_bias`` and ``v + v_bias`` (``[heads,
+    head_size]``: the projections' biases, whose gradients the backward kernel sums in its pass), query ``i`` seeing
+    the keys ``j`` with ``k_ids[j] == q_ids[i]`` (:func:`ids`), in ``q``'s dtype. ``tiles``: ``(queries per block,
+    the forward's warps, the backward's)``, :data:`TILES` if None."""
+    return _forward(q, k, v, q_bias, v_bias, q_ids, k_ids, interpret, tiles)[0]
 
 
-def _attention_forward(q, k, v, q_ids, k_ids, interpret, tiles):
-    o, lse = _forward(q, k, v, q_ids, k_ids, interpret, tiles)
-    return o, (q, k, v, q_ids, k_ids, o, lse)
+def _attention_forward(q, k, v, q_bias, v_bias, q_ids, k_ids, interpret, tiles):
+    o, lse = _forward(q, k, v, q_bias, v_bias, q_ids, k_ids, interpret, tiles)
+    return o, (q, k, v, q_bias, v_bias, q_ids, k_ids, o, lse)
 
 
 def _attention_backward(interpret, tiles, saved, do):
-    q, k, v, q_ids, k_ids, o, lse = saved
+    q, k, v, q_bias, v_bias, q_ids, k_ids, o, lse = saved
     block, _, warps = tiles or TILES
     batch, length, heads, size = q.shape
     whole, whole_ids, whole_lse = _specs(length, size)
+    head_bias = pl.BlockSpec((None, size), lambda b, h: (h, 0))
+    partial = pl.BlockSpec((None, None, size), lambda b, h: (b, h, 0))
     kernel = functools.partial(_backward_kernel, scale=1 / math.sqrt(size), block=min(block, length))
-    dq, dk, dv = pl.pallas_call(
-        kernel, grid=(batch, heads), in_specs=[whole, whole, whole, whole_ids, whole_ids, whole, whole, whole_lse],
-        out_specs=[whole, whole, whole], out_shape=[jax.ShapeDtypeStruct(t.shape, t.dtype) for t in (q, k, v)],
+    dq, dk, dv, dq_bias, dv_bias = pl.pallas_call(
+        kernel, grid=(batch, heads),
+        in_specs=[whole, whole, whole, head_bias, head_bias, whole_ids, whole_ids, whole, whole, whole_lse],
+        out_specs=[whole, whole, whole, partial, partial],
+        out_shape=[*(jax.ShapeDtypeStruct(t.shape, t.dtype) for t in (q, k, v)),
+                   *[jax.ShapeDtypeStruct((batch, heads, size), jnp.float32)] * 2],
         interpret=interpret, name="short_attention_backward", compiler_params=plgpu.CompilerParams(num_warps=warps),
-    )(q, k, v, q_ids, k_ids, o, do.astype(q.dtype), lse)
-    return dq, dk, dv, None, None
+    )(q, k, v, q_bias, v_bias, q_ids, k_ids, o, do.astype(q.dtype), lse)
+    # the sequences' partial sums of both biases' gradients added up in one reduction
+    dq_bias, dv_bias = summed_together([dq_bias, dv_bias], (0,))
+    return dq, dk, dv, dq_bias.astype(q_bias.dtype), dv_bias.astype(v_bias.dtype), None, None
 
 
 attention.defvjp(_attention_forward, _attention_backward)

@@ -302,16 +302,16 @@ def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_do
 
 
 def test_short_attention_candidate_is_the_packages_attention_under_padding_and_documents():
-    """``bench_step_variants``'s ``short_attention`` (``pallas_short_attention``'s kernels: every key in a program,
-    the backward one kernel), run by Pallas's interpreter on the CPU at two query blocks per sequence: the package's
-    XLA attention's outputs and gradients at every real token, one row padded, documents packed two to a row; finite
-    everywhere, and zeros with no gradient for a query that sees no key (padding, documents apart)."""
+    """``pallas_short_attention`` (every key in a program, the backward one kernel summing the query's and value's
+    bias gradients too), run by Pallas's interpreter on the CPU at two query blocks per sequence: the package's XLA
+    attention of ``q + q_bias`` and ``v + v_bias``, its outputs and the gradients of all five at every real token, one
+    row padded, documents packed two to a row; finite everywhere, and zeros for a query that sees no key (padding,
+    documents apart)."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_step_variants
     import pallas_short_attention
 
     from tpu_pretrain.jax_backend.attention import masked_attention
@@ -320,27 +320,34 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
     real = np.arange(32)[None] < np.array([32, 20])[:, None]
     attend = jnp.asarray(real)
     documents = jnp.asarray(np.where(real, (np.arange(32)[None] >= np.array([10, 5])[:, None]) + 1, 0), jnp.int32)
-    short = bench_step_variants.short_attention(masked_attention, interpret=True)
-    with pytest.MonkeyPatch.context() as patch:  # two blocks of 16 queries: the backward's loop runs twice
-        patch.setattr(pallas_short_attention, "TILES", (16, 4, 8))
-        for dtype, tolerance in ((jnp.float32, 2e-6), (jnp.bfloat16, 3e-2)):
-            q, k, v = (jnp.asarray(rng.normal(size=(2, 32, 2, 16)), dtype) for _ in range(3))
-            for docs in (None, documents):
-                def loss(attention, q, k, v, docs=docs):
-                    out = attention(q, k, v, attend, docs).astype(jnp.float32)
+    for dtype, tolerance in ((jnp.float32, 2e-6), (jnp.bfloat16, 3e-2)):
+        q, k, v = (jnp.asarray(rng.normal(size=(2, 32, 2, 16)), dtype) for _ in range(3))
+        q_bias, v_bias = (jnp.asarray(rng.normal(size=(2, 16)), dtype) for _ in range(2))
+        for docs in (None, documents):
+            ids = pallas_short_attention.ids(attend, docs)
+
+            def short(q, k, v, q_bias, v_bias, ids=ids):  # two blocks of 16 queries: the backward's loop runs twice
+                return pallas_short_attention.attention(q, k, v, q_bias, v_bias, *ids, True, (16, 4, 8))
+
+            def package(q, k, v, q_bias, v_bias, docs=docs):
+                return masked_attention(q + q_bias, k, v + v_bias, attend, docs, path="xla")
+
+            def run(attention, inputs=(q, k, v, q_bias, v_bias)):
+                def loss(*a):
+                    out = attention(*a).astype(jnp.float32)
                     return jnp.sum(jnp.where(attend[..., None, None], out * jnp.cos(out), 0.0)), out
 
-                def run(attention, inputs=(q, k, v)):
-                    return jax.value_and_grad(lambda *a: loss(attention, *a), argnums=(0, 1, 2), has_aux=True)(*inputs)
+                return jax.value_and_grad(loss, argnums=tuple(range(5)), has_aux=True)(*inputs)
 
-                (_, got), got_grads = run(short)
-                (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
-                if docs is not None:  # the padded queries see no key (their documents' id is none of the keys')
-                    assert not np.asarray(got)[~real].any() and not np.asarray(got_grads[0])[~real].any()
-                for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
-                    assert bool(jnp.isfinite(g.astype(jnp.float32)).all())
-                    g, w = np.asarray(g, np.float32)[real], np.asarray(w, np.float32)[real]
-                    np.testing.assert_allclose(g, w, atol=tolerance * float(np.abs(w).max()))
+            (_, got), got_grads = run(short)
+            (_, want), want_grads = run(package)
+            if docs is not None:  # the padded queries see no key (their documents' id is none of the keys')
+                assert not np.asarray(got)[~real].any()
+            for index, (g, w) in enumerate(zip((got, *got_grads), (want, *want_grads), strict=True)):
+                assert bool(jnp.isfinite(g.astype(jnp.float32)).all())
+                g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+                g, w = (g, w) if index > 3 else (g[real], w[real])  # the biases' gradients: every element
+                np.testing.assert_allclose(g, w, atol=tolerance * float(np.abs(w).max()))
 
 
 def test_a_candidate_kernels_tiles_come_from_the_environment_or_its_default(monkeypatch):

@@ -31,16 +31,18 @@ def test_the_benchmarks_option_variants_each_restore_one_default():
     assert options("dot_merger+triton_gemm") == {} and set(options("base")) == {merger, triton}
 
 
-def test_the_pallas_gelu_candidate_gives_the_packages_block():
-    """``pallas_gelu`` (the feed-forward GELU's gradient and its bias's as one Pallas kernel), run by Pallas's
-    interpreter on the CPU in a BERT with the tanh GELU: the package's logits and every weight's gradient (float32);
-    in bfloat16 the package's input gradient, bit for bit, and the bias's the float32 sum of it rounded once."""
+@pytest.mark.parametrize("candidate", ["pallas_gelu", "short_attention"])
+def test_a_pallas_candidate_gives_the_packages_model(candidate):
+    """Each Pallas candidate, run by Pallas's interpreter on the CPU in a BERT with the tanh GELU (at 32 tokens: the
+    short attention's loop over two query blocks of 16): the package's logits and every weight's gradient (float32).
+    ``pallas_gelu``: the feed-forward GELU's gradient and its bias's as one kernel; ``short_attention``: attention
+    with the query's and value's biases added and their gradients summed inside its kernels."""
     import jax.numpy as jnp
     import numpy as np
-    from pallas_gelu import bias_gelu
+    import pallas_gelu
+    import pallas_short_attention
 
     from tpu_pretrain.jax_backend import model as model_module
-    from tpu_pretrain.jax_backend.lean_layers import tanh_gelu
     from tpu_pretrain.models.bert_config import bert_config_for_size
 
     config = bert_config_for_size("L2-H128", 300)
@@ -48,8 +50,9 @@ def test_the_pallas_gelu_candidate_gives_the_packages_block():
     config.hidden_act = "gelu_new"
     bert = model_module.build_model(config, 32, 5, dtype="float32", attention="xla")
     rng = np.random.default_rng(0)
-    inputs = [rng.integers(5, 300, (4, 32)).astype(np.int32), np.zeros((4, 32), np.int32),
-              rng.integers(1, 32, (4, 5)).astype(np.int32)]
+    ids = rng.integers(5, 300, (4, 32)).astype(np.int32)
+    ids[1, 20:] = 0  # a row padded
+    inputs = [ids, np.zeros((4, 32), np.int32), rng.integers(1, 20, (4, 5)).astype(np.int32)]
     non_trainable = [v.value for v in bert.non_trainable_variables]
 
     def outputs_and_gradients():
@@ -61,21 +64,36 @@ def test_the_pallas_gelu_candidate_gives_the_packages_block():
 
     (_, want), want_grads = outputs_and_gradients()
     block = model_module.TransformerBlock
-    after = bench_step_variants.pallas_gelu_after(block.after_attention, interpret=True)
-    called = []
+    method, patched, module, kernel = (
+        ("after_attention", bench_step_variants.pallas_gelu_after, pallas_gelu, "bias_gelu")
+        if candidate == "pallas_gelu" else
+        ("context", bench_step_variants.short_attention_context, pallas_short_attention, "attention"))
+    called, original = [], getattr(module, kernel)
 
-    def counted(*args, **kwargs):
+    def counted(*args):
         called.append(1)
-        return after(*args, **kwargs)
+        return original(*args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(block, "after_attention", counted)
+        patch.setattr(module, kernel, counted)  # the candidate's kernel, counted where the variant calls it
+        patch.setattr(block, method, patched(getattr(block, method), interpret=True))
+        patch.setattr(pallas_short_attention, "TILES", (16, 4, 8))
         (_, got), got_grads = outputs_and_gradients()
-    assert called
+    assert len(called) == 2 - (candidate == "short_attention")  # the last block's attention is at its rows only
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0)
     for variable, a, b in zip(bert.trainable_variables, got_grads, want_grads, strict=True):
         assert float(jnp.max(jnp.abs(a - b))) <= 1e-5 * float(jnp.max(jnp.abs(b))), variable.path
+
+
+def test_the_pallas_gelu_kernel_in_bfloat16():
+    """``pallas_gelu.bias_gelu`` in bfloat16 (Pallas's interpreter): the package's input gradient bit for bit, and the
+    bias's the float32 sum of it rounded once (autodiff's bfloat16 sum on the CPU was 4 bfloat16 steps off here)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from pallas_gelu import bias_gelu
+
+    from tpu_pretrain.jax_backend.lean_layers import tanh_gelu
 
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     h = (jax.random.normal(keys[0], (3, 50, 300)) * 3).astype(jnp.bfloat16)
