@@ -124,7 +124,7 @@ probe() {
     begin "$smoke"
     if [ -z "$smoke" ]; then
         local python=python3 step=(--model_size base --batch 256 --steps 20 --steps_per_execution 20)
-        local variant_steps=(--steps 40)
+        local variant_steps=(--steps 60)
     else
         local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) variant_steps=(--smoke)
     fi
