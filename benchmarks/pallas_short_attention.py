@@ -65,9 +65,9 @@ def _scores(q, k, q_ids, k_ids, scale):
     return jnp.where(q_ids[:, None] == k_ids[None, :], s, MASKED)
 
 
-def _biased(ref, bias_ref):
+def _biased(block, bias_ref):
     """A block of queries or values with their projection's bias added (in float32, rounded once more)."""
-    return (ref.astype(jnp.float32) + bias_ref[...].astype(jnp.float32)[None, :]).astype(ref.dtype)
+    return (block.astype(jnp.float32) + bias_ref[...].astype(jnp.float32)[None, :]).astype(block.dtype)
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, q_bias_ref, v_bias_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, scale):
