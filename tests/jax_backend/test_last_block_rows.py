@@ -113,3 +113,18 @@ def test_explicit_attention_takes_fewer_queries_than_keys_with_float32_scores():
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(exact), atol=2e-2, rtol=0)
     for dtype in (jnp.float16, jnp.float32):  # float16 is cast first: CPUs refuse float16 dots into float32
         assert explicit_attention(*(t.astype(dtype) for t in (q, k, v)), attend, float32_scores=True).dtype == dtype
+
+
+def test_the_mask_at_some_rows_is_the_whole_mask_at_those_rows():
+    """``attention_mask(..., rows=)`` (the last block's queries at the loss's rows): the whole mask's rows at those
+    positions, with documents apart, a window, both and neither, positions repeated."""
+    rng = np.random.default_rng(2)
+    attend = jnp.asarray(np.arange(16)[None] < np.array([16, 9])[:, None])
+    documents = jnp.asarray(np.where(np.asarray(attend), (np.arange(16)[None] >= np.array([6, 3])[:, None]) + 1, 0))
+    rows = jnp.asarray(rng.integers(0, 16, (2, 5)))
+    for docs in (None, documents):
+        for window in (None, 3):
+            whole = np.broadcast_to(attention_mask(attend, docs, window), (2, 1, 16, 16))
+            picked = np.take_along_axis(whole, np.asarray(rows)[:, None, :, None], axis=2)
+            np.testing.assert_array_equal(np.broadcast_to(attention_mask(attend, docs, window, rows), picked.shape),
+                                          picked)

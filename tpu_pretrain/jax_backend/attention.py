@@ -70,15 +70,18 @@ def say_path(what: str) -> None:
         log.info("Attention: %s.", what)
 
 
-def attention_mask(attend, documents=None, window: int | None = None):
+def attention_mask(attend, documents=None, window: int | None = None, rows=None):
     """``[batch, 1, queries or 1, keys]`` (bool): keys that are not padding, of the query's document (``documents``
-    from :func:`.documents.document_ids`, None: any) and at most ``window`` positions away (None: any)."""
+    from :func:`.documents.document_ids`, None: any) and at most ``window`` positions away (None: any). ``rows``:
+    ``[batch, n]``, the queries' positions where they are not every position (a block at the loss's rows)."""
     mask = attend[:, None, None, :]
+    keys = jnp.arange(attend.shape[1])
     if documents is not None:
-        mask = mask & (documents[:, :, None] == documents[:, None, :])[:, None]
+        own = documents if rows is None else jnp.take_along_axis(documents, rows, axis=1)
+        mask = mask & (own[:, :, None] == documents[:, None, :])[:, None]
     if window is not None:
-        positions = jnp.arange(attend.shape[1])
-        mask = mask & (jnp.abs(positions[:, None] - positions[None, :]) <= window)[None, None]
+        queries = keys[None, :] if rows is None else rows
+        mask = mask & (jnp.abs(queries[:, :, None] - keys[None, None, :]) <= window)[:, None]
     return mask
 
 

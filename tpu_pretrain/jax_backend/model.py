@@ -184,13 +184,10 @@ class TransformerBlock(keras.layers.Layer):
                                            target_platform(mesh) == "gpu")
         picked = one_hot_rows(x, rows)
         q = ops.matmul(picked, ops.cast(self.query.kernel, x.dtype)) + ops.cast(self.query.bias, x.dtype)
-        mask = attend[:, None, None, :]
-        if documents is not None:
-            own = ops.take_along_axis(documents, rows, axis=1)
-            mask = mask & (own[:, :, None] == documents[:, None, :])[:, None]
         say_path("explicit for the last block's predicted rows")
-        context = explicit_attention(self._heads(q), self._heads(k), self._heads(v), mask, self.attention_dropout,
-                                     training, float32_scores=True)
+        context = explicit_attention(self._heads(q), self._heads(k), self._heads(v),
+                                     attention_mask(attend, documents, rows=rows), self.attention_dropout, training,
+                                     float32_scores=True)
         return self.after_attention(picked, ops.reshape(context, picked.shape), training, mesh)
 
 
