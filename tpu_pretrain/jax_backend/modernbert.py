@@ -24,7 +24,6 @@ for the attention and MLP output projections, the head's dense and an untied dec
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -238,7 +237,7 @@ class PretrainingModernBert(keras.Model):
         if self.decoder is not None:
             return [ops.cast(self.decoder(x), "float32")]
         padded = training and pads_logits(self.data_mesh)
-        tied = functools.partial(tied_logits, bias=None) if self.decoder_bias is None else self.decoder_bias
+        tied = tied_logits if self.decoder_bias is None else self.decoder_bias  # no bias: tied_logits' default
         return [ops.cast(tied(x, self.token_embedding.embeddings, padded=padded), "float32")]
 
 
