@@ -75,11 +75,11 @@ def attention_mask(attend, documents=None, window: int | None = None, rows=None)
     from :func:`.documents.document_ids`, None: any) and at most ``window`` positions away (None: any). ``rows``:
     ``[batch, n]``, the queries' positions where they are not every position (a block at the loss's rows)."""
     mask = attend[:, None, None, :]
-    keys = jnp.arange(attend.shape[1])
     if documents is not None:
         own = documents if rows is None else jnp.take_along_axis(documents, rows, axis=1)
         mask = mask & (own[:, :, None] == documents[:, None, :])[:, None]
     if window is not None:
+        keys = jnp.arange(attend.shape[1])
         queries = keys[None, :] if rows is None else rows
         mask = mask & (jnp.abs(queries[:, :, None] - keys[None, None, :]) <= window)[:, None]
     return mask
