@@ -272,7 +272,7 @@ def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_do
     """``bench_step_variants``'s ``pallas_attention`` (JAX's Triton flash attention, padding and documents as segment
     ids), run by Pallas's interpreter on the CPU: the package's XLA attention's outputs and gradients at every real
     token, one row padded, documents packed two to a row."""
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
 
@@ -283,22 +283,38 @@ def test_pallas_attention_variant_is_the_packages_attention_under_padding_and_do
 
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(2, 32, 2, 16)), jnp.float32) for _ in range(3))
-    real = np.arange(32)[None] < np.array([32, 20])[:, None]
-    attend = jnp.asarray(real)
-    documents = jnp.asarray(np.where(real, (np.arange(32)[None] >= np.array([10, 5])[:, None]) + 1, 0), jnp.int32)
+    real, attend, documents = _padded_documents()
     pallas = bench_step_variants.pallas_attention(masked_attention, interpret=True)
     for docs in (None, documents):
-        def loss(attention, q, k, v, docs=docs):
-            out = attention(q, k, v, attend, docs)
-            return jnp.sum(jnp.where(attend[..., None, None], out * jnp.cos(out), 0.0)), out
-
-        def run(attention):
-            return jax.value_and_grad(lambda *a: loss(attention, *a), argnums=(0, 1, 2), has_aux=True)(q, k, v)
-
-        (_, got), got_grads = run(pallas)
-        (_, want), want_grads = run(lambda *a: masked_attention(*a, path="xla"))
+        got, got_grads = _outputs_and_gradients(lambda *a, docs=docs: pallas(*a, attend, docs), (q, k, v), attend)
+        want, want_grads = _outputs_and_gradients(lambda *a, docs=docs: masked_attention(*a, attend, docs, path="xla"),
+                                                  (q, k, v), attend)
         for g, w in zip((got, *got_grads), (want, *want_grads), strict=True):
             np.testing.assert_allclose(np.asarray(g)[real], np.asarray(w)[real], atol=2e-5)
+
+
+def _padded_documents():
+    """``(real, attend, documents)`` for two rows of 32 tokens, the second padded after 20, two documents in each
+    (from 10 and 5): the real tokens as a NumPy mask, the attention's padding, each token's document (0 at padding)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    real = np.arange(32)[None] < np.array([32, 20])[:, None]
+    documents = np.where(real, (np.arange(32)[None] >= np.array([10, 5])[:, None]) + 1, 0)
+    return real, jnp.asarray(real), jnp.asarray(documents, jnp.int32)
+
+
+def _outputs_and_gradients(attention, inputs, attend):
+    """``(attention(*inputs), the gradients of every input)`` of a loss that reads the real tokens' outputs only."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(*a):
+        out = attention(*a).astype(jnp.float32)
+        return jnp.sum(jnp.where(attend[..., None, None], out * jnp.cos(out), 0.0)), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(inputs))), has_aux=True)(*inputs)
+    return out, grads
 
 
 def test_short_attention_candidate_is_the_packages_attention_under_padding_and_documents():
@@ -307,7 +323,7 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
     attention of ``q + q_bias`` and ``v + v_bias``, its outputs and the gradients of all five at every real token, one
     row padded, documents packed two to a row; finite everywhere, and zeros for a query that sees no key (padding,
     documents apart)."""
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
 
@@ -317,9 +333,7 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
     from tpu_pretrain.jax_backend.attention import masked_attention
 
     rng = np.random.default_rng(1)
-    real = np.arange(32)[None] < np.array([32, 20])[:, None]
-    attend = jnp.asarray(real)
-    documents = jnp.asarray(np.where(real, (np.arange(32)[None] >= np.array([10, 5])[:, None]) + 1, 0), jnp.int32)
+    real, attend, documents = _padded_documents()
     for dtype, tolerance in ((jnp.float32, 2e-6), (jnp.bfloat16, 3e-2)):
         q, k, v = (jnp.asarray(rng.normal(size=(2, 32, 2, 16)), dtype) for _ in range(3))
         q_bias, v_bias = (jnp.asarray(rng.normal(size=(2, 16)), dtype) for _ in range(2))
@@ -332,15 +346,8 @@ def test_short_attention_candidate_is_the_packages_attention_under_padding_and_d
             def package(q, k, v, q_bias, v_bias, docs=docs):
                 return masked_attention(q + q_bias, k, v + v_bias, attend, docs, path="xla")
 
-            def run(attention, inputs=(q, k, v, q_bias, v_bias)):
-                def loss(*a):
-                    out = attention(*a).astype(jnp.float32)
-                    return jnp.sum(jnp.where(attend[..., None, None], out * jnp.cos(out), 0.0)), out
-
-                return jax.value_and_grad(loss, argnums=tuple(range(5)), has_aux=True)(*inputs)
-
-            (_, got), got_grads = run(short)
-            (_, want), want_grads = run(package)
+            got, got_grads = _outputs_and_gradients(short, (q, k, v, q_bias, v_bias), attend)
+            want, want_grads = _outputs_and_gradients(package, (q, k, v, q_bias, v_bias), attend)
             if docs is not None:  # the padded queries see no key (their documents' id is none of the keys')
                 assert not np.asarray(got)[~real].any()
             for index, (g, w) in enumerate(zip((got, *got_grads), (want, *want_grads), strict=True)):
