@@ -100,6 +100,9 @@ timing, what one block's forward keeps for its backward under each (:func:`kept_
   the query's and value's bias gradients summed in its pass), for cuDNN's (0.377 ms per block on the H200: its
   backward, forward and 1.23 ms per step of helpers, against ~0.15 ms of bytes) and the 22 reductions of those biases'
   gradients (0.38 ms). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); the card measures it.
+- ``norm_tiles``: the package's Pallas norms at the tiles of ``LAYER_NORM_TILES`` (rows per tile, tiles per backward
+  program, warps), which ``gpu_session.sh probe`` sets to the shape fastest alone when it is not the package's: on
+  the H200's trace the norms moved ~2.6 TB/s where the card copies at ~4.3 (2.5 ms per step).
 - ``dynamic_loop``: every call loops to a count given as an array, as every call did before a GPU's full calls were
   compiled with their trip count (``JaxTrainer.full_calls_counted``): XLA's while loop then copies its condition to
   the host and waits for it after every step (0.48 ms of each 47 ms step on an H100's trace). A compile cannot show
@@ -158,7 +161,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import gpu_targets  # noqa: E402
 from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, time_training  # noqa: E402
-from support import parse_args  # noqa: E402
+from support import kernel_tiles, parse_args  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.models.bert_config import (  # noqa: E402
@@ -171,7 +174,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
-           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention")
+           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -229,6 +232,12 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import gpu_layer_norm
 
         patches.enter_context(mock.patch.object(gpu_layer_norm, "BACKWARD_TILES", 1))
+    if "norm_tiles" in changes:  # the Pallas norms at LAYER_NORM_TILES (the fastest alone, where the probe sets it)
+        from tpu_pretrain.jax_backend import gpu_layer_norm
+
+        rows, tiles, warps = kernel_tiles("LAYER_NORM_TILES", (gpu_layer_norm.ROWS, gpu_layer_norm.BACKWARD_TILES,
+                                                               gpu_layer_norm.WARPS))
+        patches.enter_context(mock.patch.multiple(gpu_layer_norm, ROWS=rows, BACKWARD_TILES=tiles, WARPS=warps))
     if "loss_passes_apart" in changes:
         patches.enter_context(mock.patch.object(step.JaxOps, "loss_and_prediction", staticmethod(loss_passes_apart())))
     if "norm_sums_apart" in changes:  # the global norm's large gradients summed one reduction each

@@ -7,10 +7,10 @@
 #   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
 #   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
 #   run --with_modernbert                        bench_gpu.py's ModernBERT phases too
-#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 5 minutes): three candidates in the step
+#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 5.5 minutes): the candidates in the step
 #                                                (its loop in CUDA graphs, the GELU's gradient and attention as
-#                                                Pallas kernels), the largest kernels alone (bench_kernels_gpu.py),
-#                                                the step traced over one call
+#                                                Pallas kernels, the norms' fastest tiles), the largest kernels alone
+#                                                (bench_kernels_gpu.py), the step traced over one call
 #
 # The parts, each under its own timeout so that one that runs long costs only itself, everything teed to $OUT:
 # 1. bench_step_variants.py: the package against the changes made since the last card, in one process (the same
@@ -98,22 +98,25 @@ run() {
     echo "== done: $OUT"
 }
 
-fastest() {  # fastest PREFIX: the tiles of kernels.json's fastest row named PREFIX + tiles joined by _, as 1,2,3
-    "$python" - "$OUT/kernels.json" "$1" <<'EOF' 2>/dev/null
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["name"].startswith(sys.argv[2]) and "ms" in r]
-print(",".join(min(rows, key=lambda r: r["ms"])["name"][len(sys.argv[2]):].split("_")) if rows else "")
+fastest() {  # fastest PREFIX [WHAT]: the integers after PREFIX in the name of kernels.json's fastest row named
+    # PREFIX... (and measuring WHAT), joined by commas: a tile shape as support.kernel_tiles reads it
+    "$python" - "$OUT/kernels.json" "$@" <<'EOF' 2>/dev/null
+import json, re, sys
+prefix, what = sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None
+rows = [r for r in json.load(open(sys.argv[1]))["rows"]
+        if r["name"].startswith(prefix) and "ms" in r and what in (None, r["what"])]
+print(",".join(re.findall(r"\d+", min(rows, key=lambda r: r["ms"])["name"][len(prefix):])) if rows else "")
 EOF
 }
 
 probe() {
     # the step's largest kernels alone (bench_kernels_gpu.py: the Pallas norm's tiles, the GELU's gradient in XLA's
     # two forms and as pallas_gelu.py's kernel, attention by cuDNN and by pallas_short_attention.py, each candidate at
-    # five tile shapes); three candidates in the step against the package's, the two kernels at their fastest tiles
-    # alone: bench_step_variants's while_graphs (the whole loop in CUDA graphs), pallas_gelu (the GELU's gradient with
-    # its bias's as one Pallas kernel) and short_attention (attention at 128 as two Pallas kernels, the backward one);
-    # the step traced over one timed call: about 5 minutes, 7.5 at most (a part cut short by its timeout costs only
-    # its own figures)
+    # five tile shapes); the candidates in the step against the package's, the kernels at their fastest tiles alone:
+    # bench_step_variants's while_graphs (the whole loop in CUDA graphs), pallas_gelu (the GELU's gradient with its
+    # bias's as one Pallas kernel), short_attention (attention at 128 as two Pallas kernels, the backward one) and,
+    # where the norm's fastest tiles are not the package's, norm_tiles; the step traced over one timed call: about 5.5
+    # minutes, 8 at most (a part cut short by its timeout costs only its own figures)
     local smoke=""
     for arg in "$@"; do
         case $arg in
@@ -130,11 +133,17 @@ probe() {
     fi
     part kernels 120 "$python" benchmarks/bench_kernels_gpu.py $smoke --json "$OUT/kernels.json"
     PALLAS_GELU_TILES=$(fastest gelu_gradient_pallas_) SHORT_ATTENTION_TILES=$(fastest attention_short_)
+    LAYER_NORM_TILES=$(fastest layer_norm_ forward+backward)
     echo "== the candidates' tiles, fastest alone: PALLAS_GELU_TILES=$PALLAS_GELU_TILES" \
-        "SHORT_ATTENTION_TILES=$SHORT_ATTENTION_TILES (empty: the modules' own)"
-    export PALLAS_GELU_TILES SHORT_ATTENTION_TILES
-    part candidates 220 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
-        --variants base while_graphs pallas_gelu short_attention
+        "SHORT_ATTENTION_TILES=$SHORT_ATTENTION_TILES LAYER_NORM_TILES=$LAYER_NORM_TILES (empty: the modules' own)"
+    export PALLAS_GELU_TILES SHORT_ATTENTION_TILES LAYER_NORM_TILES
+    # the norms at their fastest tiles only where those are not the package's
+    local norm_tiles="" package
+    package=$("$python" -c 'from tpu_pretrain.jax_backend.gpu_layer_norm import ROWS, BACKWARD_TILES, WARPS
+print(f"{ROWS},{BACKWARD_TILES},{WARPS}")')
+    [ -n "$LAYER_NORM_TILES" ] && [ "$LAYER_NORM_TILES" != "$package" ] && norm_tiles=norm_tiles
+    part candidates 250 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
+        --variants base while_graphs pallas_gelu short_attention $norm_tiles
     part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
     # the trace itself only where it fits what the device tool brings back (16 MiB a file)
     find "$OUT/profile" -name trace.json.gz -size +15M -delete 2>/dev/null

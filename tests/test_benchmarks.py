@@ -261,8 +261,13 @@ def test_the_gpu_sessions_script_parses_and_names_variants_the_benchmark_has():
         refused = subprocess.run(["bash", str(script), command, "--bogus"], capture_output=True, text=True, timeout=30)
         assert refused.returncode == 2 and "unknown option --bogus" in refused.stderr
     text = script.read_text().replace("\\\n", " ")  # a command continued over lines, joined
-    asked = [change for line in re.findall(r"--variants ([\w+ ]+)$", text, re.MULTILINE)
-             for v in line.split() for change in v.split("+")]  # a variant may join changes by +
+    lines = re.findall(r"--variants ([\w+ $]+)$", text, re.MULTILINE)
+    # a variant asked for where a condition holds: a shell variable set to its name (norm_tiles=norm_tiles)
+    named = {word[1:]: re.findall(rf"\b{word[1:]}=(\w+)", text) for line in lines for word in line.split()
+             if word.startswith("$")}
+    assert all(named.values()), named
+    asked = [change for line in lines for v in line.split() for name in (named[v[1:]] if v[0] == "$" else [v])
+             for change in name.split("+")]  # a variant may join changes by +
     changes = re.search(r"^CHANGES = \(([^)]*)\)", (ROOT / "benchmarks" / "bench_step_variants.py").read_text(),
                         re.MULTILINE)[1]
     assert asked and set(asked) <= set(re.findall(r'"(\w+)"', changes)), asked

@@ -85,6 +85,26 @@ def test_a_bias_the_kernels_add_first_and_its_gradient_summed_in_their_pass(dtyp
     assert float(jnp.max(jnp.abs(got[3]))) > 0
 
 
+def test_every_tile_shape_the_gpu_probe_may_choose_computes_the_same_norm(monkeypatch):
+    """``gpu_session.sh probe`` times the norm at ``bench_kernels_gpu.NORM_TILES`` and runs the step at the fastest
+    (``bench_step_variants``' ``norm_tiles``): each shape must be the same LayerNorm, its tiles and programs cut
+    short at 75 rows (three rows more than a multiple of 8), float32's rounding."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from bench_kernels_gpu import NORM_TILES
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 25, 96)) * 3 + 5
+    gamma, beta = (jax.random.normal(jax.random.PRNGKey(i), (96,)) for i in (1, 2))
+    want = values_and_gradients(plain, x, gamma, beta)
+    for rows, tiles, warps in NORM_TILES[1:]:  # the first is the package's
+        monkeypatch.setattr(gpu_layer_norm, "ROWS", rows)
+        monkeypatch.setattr(gpu_layer_norm, "BACKWARD_TILES", tiles)
+        monkeypatch.setattr(gpu_layer_norm, "WARPS", warps)
+        got = values_and_gradients(lambda *a: gpu_layer_norm.layer_norm(*a, 1e-12), x, gamma, beta)
+        for g, w in zip(got, want, strict=True):
+            scale = float(jnp.max(jnp.abs(w)))
+            assert float(jnp.max(jnp.abs(g - w))) <= 1e-6 * scale, (rows, tiles, warps)
+
+
 def described_gpu(capability: str):
     device = types.SimpleNamespace(platform="gpu", compute_capability=capability, device_kind="a GPU")
     return types.SimpleNamespace(devices=np.array([device]))
