@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 from support import kernel_tiles
 
-from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu, summed_together
+from tpu_pretrain.jax_backend.gpu_layer_norm import pl, plgpu
+from tpu_pretrain.jax_backend.reductions import summed_together
 
 # (queries per block: [64, 128] float32 scores, probabilities and their gradients in registers; the forward's warps;
 # the backward's, which holds dK and dV, [128, 64] float32 each, besides); SHORT_ATTENTION_TILES overrides

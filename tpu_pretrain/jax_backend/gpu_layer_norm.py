@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec
 from ..environment import override_choice
 from ..errors import UserInputError
 from .devices import compute_at_least, per_device, target_device, target_platform
+from .reductions import summed_together
 
 try:
     from jax.experimental import pallas as pl
@@ -111,15 +112,6 @@ class _Run:
             return per_device(kernel, self.mesh, ins, (split,) * rows_out)(*operands)
 
         return call
-
-
-def summed_together(arrays, axes) -> list:
-    """Each of ``arrays`` (of one shape) summed over ``axes`` in float32, all in one variadic reduction: on a GPU one
-    kernel (or XLA's two stages) with an output per array, where a sum each was a kernel or two. A GPU's only: XLA's
-    CPU adds a variadic reduction's elements in order, and the TPU compiler counted more bytes for it."""
-    arrays = [a.astype(jnp.float32) for a in arrays]
-    return jax.lax.reduce(arrays, [jnp.float32(0.0)] * len(arrays),
-                          lambda xs, ys: [x + y for x, y in zip(xs, ys, strict=True)], tuple(axes))
 
 
 def _block(width: int) -> int:

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from ..config import TrainConfig
 from ..core import metrics, schedules
 from ..core.schedules import Schedule
-from .gpu_layer_norm import summed_together
 from .input import BATCH_FEATURES
+from .reductions import summed_together
 from .state import LOSS_SCALE
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "masked_lm_positions")
