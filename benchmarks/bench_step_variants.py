@@ -277,7 +277,7 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(block, "context", short_attention_context(block.context)))
     if "pallas_gelu" in changes:
         block = model.TransformerBlock
-        patches.enter_context(mock.patch.object(block, "after_attention", pallas_gelu_after(block.after_attention)))
+        patches.enter_context(mock.patch.object(block, "hidden", pallas_gelu_hidden(block.hidden)))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "remat" in changes:
@@ -331,23 +331,20 @@ def short_attention_context(context, interpret: bool = False):
     return call
 
 
-def pallas_gelu_after(after_attention, interpret: bool = False):
-    """``TransformerBlock.after_attention`` with the tanh GELU's gradient and its bias's by ``pallas_gelu``'s kernel on
-    a GPU or with ``interpret`` (``pallas_gelu``), else ``after_attention``."""
+def pallas_gelu_hidden(hidden, interpret: bool = False):
+    """``TransformerBlock.hidden`` with the tanh GELU's gradient and its bias's by ``pallas_gelu``'s kernel on a GPU
+    or with ``interpret`` (``pallas_gelu``), else ``hidden``."""
     from keras import ops
     from pallas_gelu import bias_gelu
 
     from tpu_pretrain.jax_backend.devices import target_platform
     from tpu_pretrain.models.bert_config import TANH_GELU_NAMES
 
-    def call(self, x, context, training=False, mesh=None):
+    def call(self, x, mesh=None):
         if self.hidden_act not in TANH_GELU_NAMES or not (interpret or target_platform(mesh) == "gpu"):
-            return after_attention(self, x, context, training, mesh)
-        x = self.residual_norm(x, self.attention_output, context, self.hidden_dropout, self.attention_norm, training,
-                               mesh)
+            return hidden(self, x, mesh)
         dense = self.intermediate
-        hidden = bias_gelu(ops.matmul(x, ops.cast(dense.kernel, x.dtype)), ops.cast(dense.bias, x.dtype), interpret)
-        return self.residual_norm(x, self.output_dense, hidden, self.ffn_dropout, self.output_norm, training, mesh)
+        return bias_gelu(ops.matmul(x, ops.cast(dense.kernel, x.dtype)), ops.cast(dense.bias, x.dtype), interpret)
 
     return call
 

@@ -18,37 +18,11 @@ if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from bert_rows import SEP, B, P, T, outputs_and_gradients  # noqa: E402
 
 from tpu_pretrain.jax_backend.attention import attention_mask, explicit_attention  # noqa: E402
 from tpu_pretrain.jax_backend.model import build_model  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
-
-SEP, B, T, P = 3, 4, 32, 5
-
-
-def batch():
-    """Two documents per row (a [SEP] at 10), rows padded after 20 and 5 tokens; the positions a data folder gives:
-    real tokens, some repeated, and 0 where a row has fewer predictions (their weight is 0)."""
-    rng = np.random.default_rng(0)
-    ids = rng.integers(5, 300, (B, T)).astype(np.int32)
-    ids[:, 10] = SEP
-    ids[1, 20:] = 0
-    ids[2, 5:] = 0
-    positions = np.array([[1, 2, 11, 12, 0], [3, 15, 19, 0, 0], [1, 2, 0, 0, 0], [31, 30, 12, 9, 9]], np.int32)
-    return ids, np.zeros((B, T), np.int32), positions
-
-
-def outputs_and_gradients(model, at_rows: bool):
-    ids, segments, positions = batch()
-    model.last_block_at_rows = at_rows
-    non_trainable = [v.value for v in model.non_trainable_variables]
-
-    def loss(weights):
-        out, _ = model.stateless_call(weights, non_trainable, [ids, segments, positions])
-        return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in out), out
-
-    (_, out), grads = jax.value_and_grad(loss, has_aux=True)([v.value for v in model.trainable_variables])
-    return out, grads
 
 
 @pytest.mark.parametrize("with_nsp", [True, False])

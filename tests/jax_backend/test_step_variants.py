@@ -13,6 +13,7 @@ import jax  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_step_variants  # noqa: E402
+from bert_rows import SEP, P, T, outputs_and_gradients  # noqa: E402
 
 
 def test_the_benchmarks_option_variants_each_restore_one_default():
@@ -34,7 +35,8 @@ def test_the_benchmarks_option_variants_each_restore_one_default():
 @pytest.mark.parametrize("candidate", ["pallas_gelu", "short_attention"])
 def test_a_pallas_candidate_gives_the_packages_model(candidate):
     """Each Pallas candidate, run by Pallas's interpreter on the CPU in a BERT with the tanh GELU (at 32 tokens: the
-    short attention's loop over two query blocks of 16): the package's logits and every weight's gradient (float32).
+    short attention's loop over two query blocks of 16), on :func:`bert_rows.batch` (padding, two documents a row, kept
+    apart): the package's logits and every weight's gradient (float32).
     ``pallas_gelu``: the feed-forward GELU's gradient and its bias's as one kernel; ``short_attention``: attention
     with the query's and value's biases added and their gradients summed inside its kernels."""
     import jax.numpy as jnp
@@ -48,24 +50,12 @@ def test_a_pallas_candidate_gives_the_packages_model(candidate):
     config = bert_config_for_size("L2-H128", 300)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     config.hidden_act = "gelu_new"
-    bert = model_module.build_model(config, 32, 5, dtype="float32", attention="xla")
-    rng = np.random.default_rng(0)
-    ids = rng.integers(5, 300, (4, 32)).astype(np.int32)
-    ids[1, 20:] = 0  # a row padded
-    inputs = [ids, np.zeros((4, 32), np.int32), rng.integers(1, 20, (4, 5)).astype(np.int32)]
-    non_trainable = [v.value for v in bert.non_trainable_variables]
-
-    def outputs_and_gradients():
-        def loss(weights):
-            out, _ = bert.stateless_call(weights, non_trainable, inputs)
-            return sum(jnp.sum(jnp.sin(o)) for o in out), out
-
-        return jax.value_and_grad(loss, has_aux=True)([v.value for v in bert.trainable_variables])
-
-    (_, want), want_grads = outputs_and_gradients()
+    bert = model_module.build_model(config, T, P, dtype="float32", attention="xla")
+    bert.document_separator = SEP  # documents apart: the short attention takes them as ids
+    want, want_grads = outputs_and_gradients(bert)
     block = model_module.TransformerBlock
     method, patched, module, kernel = (
-        ("after_attention", bench_step_variants.pallas_gelu_after, pallas_gelu, "bias_gelu")
+        ("hidden", bench_step_variants.pallas_gelu_hidden, pallas_gelu, "bias_gelu")
         if candidate == "pallas_gelu" else
         ("context", bench_step_variants.short_attention_context, pallas_short_attention, "attention"))
     called, original = [], getattr(module, kernel)
@@ -78,7 +68,7 @@ def test_a_pallas_candidate_gives_the_packages_model(candidate):
         patch.setattr(module, kernel, counted)  # the candidate's kernel, counted where the variant calls it
         patch.setattr(block, method, patched(getattr(block, method), interpret=True))
         patch.setattr(pallas_short_attention, "TILES", (16, 4, 8))
-        (_, got), got_grads = outputs_and_gradients()
+        got, got_grads = outputs_and_gradients(bert)
     assert len(called) == 2 - (candidate == "short_attention")  # the last block's attention is at its rows only
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0)

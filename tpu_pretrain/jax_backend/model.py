@@ -157,9 +157,12 @@ class TransformerBlock(keras.layers.Layer):
         """The output projection, residual and norm, then the feed-forward sublayer: for each row of ``x``."""
         x = self.residual_norm(x, self.attention_output, context, self.hidden_dropout, self.attention_norm, training,
                                mesh)
-        gelu = activation(self.hidden_act, target_platform(mesh) == "gpu")
-        return self.residual_norm(x, self.output_dense, gelu(self.intermediate(x)), self.ffn_dropout, self.output_norm,
+        return self.residual_norm(x, self.output_dense, self.hidden(x, mesh), self.ffn_dropout, self.output_norm,
                                   training, mesh)
+
+    def hidden(self, x, mesh=None):
+        """The feed-forward's activation of ``x``'s rows, ``act(x W + b)``."""
+        return activation(self.hidden_act, target_platform(mesh) == "gpu")(self.intermediate(x))
 
     @staticmethod
     def residual_norm(x, dense, inputs, dropout, norm, training=False, mesh=None):

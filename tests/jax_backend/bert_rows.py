@@ -1,0 +1,35 @@
+"""A tiny BERT's batch (documents, padding, repeated and missing predictions) and its outputs with every weight's
+gradient under a loss that reads all of them: what the tests of the model's forms compare, form against form."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SEP, B, T, P = 3, 4, 32, 5
+
+
+def batch():
+    """Two documents per row (a [SEP] at 10), rows padded after 20 and 5 tokens; the positions a data folder gives:
+    real tokens, some repeated, and 0 where a row has fewer predictions (their weight is 0)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 300, (B, T)).astype(np.int32)
+    ids[:, 10] = SEP
+    ids[1, 20:] = 0
+    ids[2, 5:] = 0
+    positions = np.array([[1, 2, 11, 12, 0], [3, 15, 19, 0, 0], [1, 2, 0, 0, 0], [31, 30, 12, 9, 9]], np.int32)
+    return ids, np.zeros((B, T), np.int32), positions
+
+
+def outputs_and_gradients(model, at_rows: bool = True):
+    """``model``'s outputs on :func:`batch` and each trainable weight's gradient; its last block at the loss's rows
+    (the package's way) or whole."""
+    ids, segments, positions = batch()
+    model.last_block_at_rows = at_rows
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def loss(weights):
+        out, _ = model.stateless_call(weights, non_trainable, [ids, segments, positions])
+        return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in out), out
+
+    (_, out), grads = jax.value_and_grad(loss, has_aux=True)([v.value for v in model.trainable_variables])
+    return out, grads
