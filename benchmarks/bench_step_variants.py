@@ -2,12 +2,16 @@
 
 Usage: PYTHONPATH=KERAS_WHEELS python benchmarks/bench_step_variants.py [--variants base keras_gelu remat ...]
            [--xla_flags FLAGS] [--compile_for v5e-1|cpu|h100] [--model_size L12-H768] [--batch 256] [--steps 40]
-           [--smoke]
+           [--rounds 2] [--smoke]
 
 Each variant builds the JAX trainer as ``bench_train_jax.py`` does (random data, 20 steps per call) with one change
-made from here (the package is patched in this process only), and prints sequences/s, the first call (the
-compile) and the loss after the timed steps, which must agree with ``base`` to bfloat16's precision; before the
-timing, what one block's forward keeps for its backward under each (:func:`kept_for_backward`, bytes per token):
+made from here (the package is patched in this process only); all are built and compiled first, then timed in turns,
+``--rounds`` of them, each variant a turn per round (:func:`timed_in_turns`), so that a card's clock drifting over
+the minutes falls on all alike and each round sets every variant beside ``base``. It prints sequences/s, how far
+the rounds spread, the first call (the compile) and the mean loss of the timed steps, which must agree with
+``base``'s to bfloat16's precision, then each variant against ``base``: the median of the rounds' ratios and their
+range (on a CPU the rounds spread ~20% and their ratios ~2%). Before the timing, what one block's forward keeps for
+its backward under each (:func:`kept_for_backward`, bytes per token):
 
 - ``base``: the package as it is.
 - ``keras_gelu``: the package before the GELUs' hand-written gradients (``lean_layers.exact_gelu``, ``tanh_gelu``):
@@ -152,15 +156,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
+import time
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import gpu_targets  # noqa: E402
-from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, time_training  # noqa: E402
+from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config  # noqa: E402
 from support import kernel_tiles, parse_args  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
@@ -406,8 +412,8 @@ def remat_call(call):
         # cuDNN's attention ("dot_product_attention_fwd") and the splash kernel (a Pallas call) are kept, not re-run
         return "attention" in primitive.name or primitive.name == "pallas_call" or dots(primitive, *args, **params)
 
-    def remat(self, x, attend, documents=None, training=False, mesh=None):
-        return jax.checkpoint(lambda h: call(self, h, attend, documents, training, mesh), policy=saved)(x)
+    def remat(self, x, attend, documents=None, training=False, mesh=None, rows=None):
+        return jax.checkpoint(lambda h: call(self, h, attend, documents, training, mesh, rows), policy=saved)(x)
 
     return remat
 
@@ -439,10 +445,54 @@ def kept_for_backward(name: str, model_size: str, vocab: int, seq: int) -> float
         return (kept(2) - kept(1)) / seq
 
 
-def time_variant(name: str, config: Config, steps: int) -> dict:
-    """``bench_train_jax.time_training`` with the package patched for ``name`` (its model is built at the start)."""
+def built(name: str, config: Config) -> dict:
+    """``name``'s JAX trainer built and its step compiled under its patches (two warm-up calls, the first timed with
+    the build as ``first``), ready to be timed in turns with the others'."""
+    from tpu_pretrain.jax_backend.trainer import JaxTrainer
+
     with variant(name):
-        return time_training(config, steps)
+        start = time.perf_counter()
+        trainer = JaxTrainer(config)
+        trainer.train_steps(trainer.steps_per_execution)
+        first = time.perf_counter() - start
+        trainer.train_steps(trainer.steps_per_execution)
+    return {"trainer": trainer, "first": first, "seconds": [], "losses": []}
+
+
+def timed_in_turns(variants: dict, config: Config, steps: int, rounds: int) -> dict:
+    """Each built variant's ``steps`` timed in ``rounds`` turns, every variant a turn per round (the order rotated each
+    round): a card's clock or temperature drifting over the minutes falls on all of them alike, and each round gives
+    each variant's ratio to ``base`` measured side by side. Sequences/s over all its turns (``rate``), each round's
+    (``rates``), the mean loss of its timed steps (the same batches for all)."""
+    per_turn = steps // rounds
+    names = list(variants)
+    for r in range(-1, rounds):  # round -1 untimed: every trainer's input read ahead, none still filling its queue
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            v = variants[name]
+            with variant(name):  # a call that traced again would still be this variant's
+                start = time.perf_counter()
+                metrics = v["trainer"].train_steps(per_turn)
+                seconds = time.perf_counter() - start
+            if r >= 0:
+                v["seconds"].append(seconds)
+                v["losses"].append(float(metrics["loss"]))
+    batch = config.train.train_batch_size
+    for v in variants.values():
+        v["trainer"].close()
+        v.update(rate=per_turn * batch * rounds / sum(v["seconds"]), rates=[per_turn * batch / s for s in v["seconds"]],
+                 loss=sum(v["losses"]) / rounds)
+    return variants
+
+
+def against_base(results: dict) -> None:
+    """Each variant's rate against ``base``'s, round by round: the median of the rounds' ratios and their range."""
+    base = results.get("base")
+    if not base:
+        return
+    for name, r in results.items():
+        ratios = [a / b for a, b in zip(r["rates"], base["rates"], strict=True)]
+        print(f"{name:28} {statistics.median(ratios):.3f}x base (rounds {min(ratios):.3f}-{max(ratios):.3f}); loss "
+              f"{r['loss'] - base['loss']:+.2e} from base", flush=True)
 
 
 def trainer_for(config: Config, devices):
@@ -529,7 +579,9 @@ def main() -> None:
                         "'jax[tpu]', no TPU needed), cpu, or a GPU (h100, h200, a100, l4, t4: JAX's CUDA plugin, no "
                         "GPU needed; the step's time estimated from its optimised HLO); --steps 0 times nothing")
     add_step_arguments(parser, batch=256, steps=40, steps_per_execution=20)
-    args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2, "compile_for": "cpu",
+    parser.add_argument("--rounds", type=int, default=2, help="the timed steps in this many turns per variant, the "
+                        "variants taking turns (a multiple of --steps_per_execution per turn keeps every call full)")
+    args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2, "compile_for": "cpu", "steps": 4,
                                      "variants": ["keras_gelu", "remat", "exact_gelu"]},
                       what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps; three variants, their steps "
                            "compiled for the CPU too")
@@ -540,6 +592,9 @@ def main() -> None:
             gpu_targets.described(args.compile_for)
         except RuntimeError as exc:
             parser.exit(2, f"bench_step_variants.py: {exc}\n")
+    if args.steps and (args.steps % args.rounds or args.steps // args.rounds % args.steps_per_execution):
+        parser.error(f"--steps {args.steps} in --rounds {args.rounds}: each turn a multiple of --steps_per_execution "
+                     f"{args.steps_per_execution} (a shorter call runs another executable, compiled on its first use)")
     unknown = sorted({c for name in args.variants for c in name.split("+")} - set(CHANGES))
     if unknown:
         parser.error(f"no such change: {', '.join(unknown)} (these are: {', '.join(CHANGES)})")
@@ -566,17 +621,13 @@ def main() -> None:
                 f"{c.flops / 1e12:.3f} TFLOP, {c.bytes_accessed / 1e9:.2f} GB accessed (the compiler's count), "
                 f"temporaries {c.memory['temporaries'] / 2**30:.2f} GiB")
             print(f"{name:28} compiled for {args.compile_for}, one step: {said}", flush=True)
-        for name in args.variants if args.steps else ():
-            r = attempted(name, "its timing", time_variant, name, config, args.steps)
-            if r is None:
-                continue
-            results[name] = r
-            print(f"{name:28} {r['rate']:10.1f} sequences/s ({r['rate'] * flops / 1e12:.2f} TFLOP/s); first call "
-                  f"{r['first']:.1f} s; loss {r['loss']:.5f}", flush=True)
-    base = results.get("base")
-    if base:
-        for name, r in results.items():
-            print(f"{name:28} {r['rate'] / base['rate']:.3f}x base; loss {r['loss'] - base['loss']:+.2e} from base")
+        ready = {name: attempted(name, "its build", built, name, config) for name in args.variants if args.steps}
+        results = timed_in_turns({n: v for n, v in ready.items() if v is not None}, config, args.steps, args.rounds)
+    for name, r in results.items():
+        spread = (max(r["rates"]) - min(r["rates"])) / r["rate"]
+        print(f"{name:28} {r['rate']:10.1f} sequences/s ({r['rate'] * flops / 1e12:.2f} TFLOP/s; rounds within "
+              f"{spread:.1%}); first call {r['first']:.1f} s; loss {r['loss']:.5f}", flush=True)
+    against_base(results)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One GPU session's measurements for issue 42, prepared on the development machine and run on the lent card in one
-# call of the device tool (a session has 15 minutes of device time, a call 10: this takes about 7 and 9.5 at most).
+# call of the device tool (a session has 15 minutes of device time, a call 10: this takes about 7 and 10 at most).
 #
 #   bash benchmarks/gpu_session.sh prepare       here: the wheels the card's image lacks (Keras, namex, optree,
 #                                                google-crc32c) and the corpus, into .gpu/ (git ignores it)
 #   bash benchmarks/gpu_session.sh run           on the card: the device tool's run with carry [".gpu"]
 #   bash benchmarks/gpu_session.sh run --smoke   here, on the CPU: every part at smoke size (about 4 minutes)
 #   run --with_modernbert                        bench_gpu.py's ModernBERT phases too
-#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 5.5 minutes): the candidates in the step
+#   bash benchmarks/gpu_session.sh probe [--smoke]  on the card (about 6 minutes): the candidates in the step
 #                                                (its loop in CUDA graphs, the GELU's gradient and attention as
 #                                                Pallas kernels, the norms' fastest tiles), the largest kernels alone
 #                                                (bench_kernels_gpu.py), the step traced over one call
@@ -83,11 +83,11 @@ run() {
     done
     begin "$smoke"
     if [ -z "$smoke" ]; then
-        local python=python3 corpus=$GPU/wikitext2_valid.txt steps=(--steps 60)
+        local python=python3 corpus=$GPU/wikitext2_valid.txt steps=(--steps 100 --rounds 5)
     else
         local python=${PYTHON:-.venv-jax/bin/python} corpus=../shared/corpora/wikitext2_valid.txt steps=(--smoke)
     fi
-    part variants 210 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
+    part variants 230 "$python" benchmarks/bench_step_variants.py "${steps[@]}" \
         --variants base two_sigmoids eight_row_partials full_last_block \
         weight_casts+gemm_biases+norm_sums_apart+loss_passes_apart+vocab_logits+norm_partials_apart
     part bench_gpu $((budget + 25)) "$python" benchmarks/bench_gpu.py $smoke "${skip[@]}" --corpus "$corpus" \
@@ -115,8 +115,8 @@ probe() {
     # five tile shapes); the candidates in the step against the package's, the kernels at their fastest tiles alone:
     # bench_step_variants's while_graphs (the whole loop in CUDA graphs), pallas_gelu (the GELU's gradient with its
     # bias's as one Pallas kernel), short_attention (attention at 128 as two Pallas kernels, the backward one) and,
-    # where the norm's fastest tiles are not the package's, norm_tiles; the step traced over one timed call: about 5.5
-    # minutes, 8 at most (a part cut short by its timeout costs only its own figures)
+    # where the norm's fastest tiles are not the package's, norm_tiles; the step traced over one timed call: about 6
+    # minutes, 8.5 at most (a part cut short by its timeout costs only its own figures)
     local smoke=""
     for arg in "$@"; do
         case $arg in
@@ -127,7 +127,7 @@ probe() {
     begin "$smoke"
     if [ -z "$smoke" ]; then
         local python=python3 step=(--model_size base --batch 256 --steps 20 --steps_per_execution 20)
-        local variant_steps=(--steps 60)
+        local variant_steps=(--steps 100 --rounds 5)
     else
         local python=${PYTHON:-.venv-jax/bin/python} step=(--smoke) variant_steps=(--smoke)
     fi
@@ -142,7 +142,7 @@ probe() {
     package=$("$python" -c 'from tpu_pretrain.jax_backend.gpu_layer_norm import ROWS, BACKWARD_TILES, WARPS
 print(f"{ROWS},{BACKWARD_TILES},{WARPS}")')
     [ -n "$LAYER_NORM_TILES" ] && [ "$LAYER_NORM_TILES" != "$package" ] && norm_tiles=norm_tiles
-    part candidates 250 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
+    part candidates 270 "$python" benchmarks/bench_step_variants.py "${variant_steps[@]}" \
         --variants base while_graphs pallas_gelu short_attention $norm_tiles
     part profile 110 "$python" benchmarks/bench_train_jax.py "${step[@]}" --profile "$OUT/profile"
     # the trace itself only where it fits what the device tool brings back (16 MiB a file)
