@@ -19,6 +19,7 @@ checkpoints' folder format and their mirror are the core's (:mod:`..core`), shar
   each path.
 - ``splash``: attention on a TPU by JAX's splash kernel (global, sliding window, documents as segment ids).
 - ``gpu_layer_norm``: LayerNorm on a GPU of compute capability 8.0+ as two Pallas Triton kernels, a pass each way.
+- ``reductions``: several arrays of one shape summed in one variadic reduction (on a GPU a kernel, not one each).
 - ``step``: the training step as pure functions: the MLM/NSP loss, accumulated gradients, clipping, AdamW and
   LAMB with BERT's schedule, float16's loss scale.
 - ``input``: the shards read without TensorFlow, in an order that is a pure function of (seed, records consumed);
