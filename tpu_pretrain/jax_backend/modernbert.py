@@ -39,7 +39,13 @@ from keras import ops  # noqa: E402
 
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
-from .attention import attention_mask, attention_path, masked_attention, say_path  # noqa: E402
+from .attention import (  # noqa: E402
+    attention_mask,
+    attention_path,
+    explicit_attention,
+    masked_attention,
+    say_path,
+)
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import LayerNorm, shared_input_projections  # noqa: E402
@@ -126,6 +132,14 @@ def column_blocks(dense: keras.layers.Dense, x, parts: int) -> tuple:
     return shared_input_projections(x, kernels, biases, True)[:parts]
 
 
+def at_rows(table, rows):
+    """A rotary table's rows at ``rows`` (``[batch, n]``): ``[batch, n, head_size]``, from a table of positions
+    ``[length, head_size]`` or of each token's ``[batch, length, head_size]`` (documents apart)."""
+    if table.ndim == 2:
+        return jnp.take(table, rows, axis=0)
+    return jnp.take_along_axis(table, rows[:, :, None], axis=1)
+
+
 class ModernBertLayer(keras.layers.Layer):
     """One pre-LN layer: ``x + Wo(attention(attn_norm(x)))``, then ``x + mlp(mlp_norm(x))``."""
 
@@ -168,12 +182,49 @@ class ModernBertLayer(keras.layers.Layer):
             context = masked_attention(q, k, v, attend, documents, self.window, self.attention, mesh)
         return ops.reshape(context, x.shape)
 
-    def call(self, x, attend, documents, cos, sin, training=False, mesh=None):
-        normed = self.attn_norm(x, mesh=mesh) if self.attn_norm is not None else x
-        context = self.context(normed, attend, documents, (cos, sin), training, mesh)
+    def call(self, x, attend, documents, cos, sin, training=False, mesh=None, rows=None):
+        """The layer's output ``[batch, length, hidden]``; given ``rows``, at those rows only (:meth:`call_at_rows`)."""
+        if rows is not None:
+            return self.call_at_rows(x, rows, attend, documents, cos, sin, training, mesh)
+        context = self.context(self.normed(x, mesh), attend, documents, (cos, sin), training, mesh)
+        return self.after_attention(x, context, training, mesh)
+
+    def normed(self, x, mesh=None):
+        """The attention's input: ``x`` normalised (layer 0: ``x``, already the normalised embeddings)."""
+        return self.attn_norm(x, mesh=mesh) if self.attn_norm is not None else x
+
+    def after_attention(self, x, context, training=False, mesh=None):
+        """``Wo`` and the residual, then the MLP sublayer: for each row of ``x``."""
         x = x + self.attn_dropout(self.attn_out(context), training=training)
         gate_input, gate = ops.split(self.wi(self.mlp_norm(x, mesh=mesh)), 2, axis=-1)
         return x + self.mlp_out(self.mlp_dropout(self.gelu(gate_input) * gate, training=training))
+
+    def call_at_rows(self, x, rows, attend, documents, cos, sin, training=False, mesh=None):
+        """The layer's output at ``rows`` (``[batch, n]`` positions) only: the keys and values of every position, the
+        queries, ``Wo`` and the MLP of those rows alone. The last layer's other rows reach no loss (the MLM head
+        reads the masked positions): ModernBERT-base at 1,024 with 30% masked does ~2.6% less arithmetic per step.
+        Attention is the explicit path with float32 scores (as BERT's :meth:`.model.TransformerBlock.call_at_rows`:
+        the fused kernels want the queries as long as the keys)."""
+        batch, _, width = x.shape
+        heads = (batch, -1, self.heads, width // self.heads)
+        # Wqkv's query, key and value columns, from one cast of the weight (a GPU's call carries its copy)
+        kernel = ops.cast(self.wqkv.kernel, x.dtype)
+        kernels = [kernel[:, i * width:(i + 1) * width] for i in range(3)]
+        biases = None if self.wqkv.bias is None else [
+            ops.cast(self.wqkv.bias, x.dtype)[i * width:(i + 1) * width] for i in range(3)]
+        k, v, _ = shared_input_projections(self.normed(x, mesh), tuple(kernels[1:]),
+                                           None if biases is None else tuple(biases[1:]),
+                                           target_platform(mesh) == "gpu")
+        k, v = ops.reshape(k, heads), ops.reshape(v, heads)
+        picked = one_hot_rows(x, rows)
+        q = ops.matmul(self.normed(picked, mesh), kernels[0])
+        q = q if biases is None else q + biases[0]
+        q = apply_rotary(ops.reshape(q, heads), at_rows(cos, rows), at_rows(sin, rows))
+        say_path("explicit for the last layer's predicted rows")
+        context = explicit_attention(q, apply_rotary(k, cos, sin), v,
+                                     attention_mask(attend, documents, self.window, rows=rows), self.probs_dropout,
+                                     training, float32_scores=True)
+        return self.after_attention(picked, ops.reshape(context, picked.shape), training, mesh)
 
 
 class PretrainingModernBert(keras.Model):
@@ -186,6 +237,7 @@ class PretrainingModernBert(keras.Model):
 
     document_separator: int | None = None
     data_mesh = None
+    last_block_at_rows = True  # False: every layer at every position, the masked rows gathered after (the tests)
 
     def __init__(self, config: ModernBertConfig, dtype=None, attention: str | None = None, **kwargs):
         super().__init__(name="modernbert", dtype=dtype, **kwargs)
@@ -208,8 +260,9 @@ class PretrainingModernBert(keras.Model):
         self.decoder_bias = TiedLogits(config.vocab_size, name="decoder_bias", dtype=dtype) if (
             config.tie_word_embeddings and config.decoder_bias) else None
 
-    def encode(self, input_ids, segment_ids=None, training=False):
-        """The last hidden states ``[batch, length, hidden]``, after the final norm."""
+    def embed(self, input_ids, training=False):
+        """The normalised token embeddings, which tokens attend, their documents (None: together) and each
+        attention base's rotary tables."""
         config, length = self.config, input_ids.shape[1]
         x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
         x = self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training)
@@ -224,15 +277,38 @@ class PretrainingModernBert(keras.Model):
             positions = document_positions(documents)
             tables = {theta: (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions])
                       for theta, (cos, sin) in tables.items()}
+        return x, attend, documents, tables
+
+    def layer(self, block, x, embedded, training=False, rows=None):
+        """``block`` (one of :attr:`blocks`) on ``x``, with its attention base's rotary tables."""
+        _, attend, documents, tables = embedded
+        config = self.config
+        cos, sin = tables[config.global_rope_theta if block.is_global else config.local_rope_theta]
+        return block(x, attend, documents, cos, sin, training=training, mesh=self.data_mesh, rows=rows)
+
+    def encode(self, input_ids, segment_ids=None, training=False):
+        """The last hidden states ``[batch, length, hidden]``, after the final norm."""
+        embedded = self.embed(input_ids, training)
+        x = embedded[0]
         for block in self.blocks:
-            cos, sin = tables[config.global_rope_theta if block.is_global else config.local_rope_theta]
-            x = block(x, attend, documents, cos, sin, training=training, mesh=self.data_mesh)
+            x = self.layer(block, x, embedded, training)
         return self.final_norm(x, mesh=self.data_mesh)
+
+    def encode_rows(self, input_ids, rows, training=False):
+        """The last hidden states at ``rows`` (``[batch, n]`` positions): :meth:`encode`'s gathered, with the last
+        layer computed at those rows only (:meth:`ModernBertLayer.call_at_rows`) where they are fewer than the
+        positions and :attr:`last_block_at_rows`."""
+        if not (self.last_block_at_rows and rows.shape[1] < input_ids.shape[1]):
+            return one_hot_rows(self.encode(input_ids, None, training), rows)
+        embedded = self.embed(input_ids, training)
+        x = embedded[0]
+        for block in self.blocks[:-1]:
+            x = self.layer(block, x, embedded, training)
+        return self.final_norm(self.layer(self.blocks[-1], x, embedded, training, rows), mesh=self.data_mesh)
 
     def call(self, inputs, training=False):
         input_ids, segment_ids, positions = inputs
-        sequence = self.encode(input_ids, segment_ids, training)
-        gathered = one_hot_rows(sequence, ops.cast(positions, "int32"))
+        gathered = self.encode_rows(input_ids, ops.cast(positions, "int32"), training)
         x = self.head_norm(self.head_activation(self.head_dense(gathered)), mesh=self.data_mesh)
         if self.decoder is not None:
             return [ops.cast(self.decoder(x), "float32")]

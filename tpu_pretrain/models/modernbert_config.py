@@ -237,11 +237,15 @@ def training_flops_per_sequence(config: ModernBertConfig, seq: int, pred: int, b
     """Model FLOPs of one training sequence, as :func:`.bert_config.training_flops_per_sequence` counts BERT's:
     fused Q, K, V and the output (8 H^2), the GeGLU MLP (``Wi`` to 2 I, ``Wo`` back: 6 H I), the attention
     products over the whole sequence (the local layers' window is masked, not skipped), the head at the masked
-    positions (dense and tied decoder); backward = 2 x forward. Every layer at every position: the JAX ModernBERT
-    computes its last layer whole (its masked rows alone would save ~2.6% of ModernBERT-base's at 1,024, 30% masked)."""
+    positions (dense and tied decoder); backward = 2 x forward. The last layer computes its keys and values at every
+    position and the rest at the R = P masked rows only (``jax_backend.modernbert.ModernBertLayer.call_at_rows``;
+    T if fewer): their other rows reach no loss (ModernBERT-base at 1,024 with 30% masked: ~2.6% of its FLOPs).
+    ``backend``: BERT's signature (ModernBERT trains on the JAX backend only)."""
     layers, hidden, inner, vocab = (config.num_hidden_layers, config.hidden_size, config.intermediate_size,
                                     config.vocab_size)
-    forward = layers * (seq * (8 * hidden**2 + 6 * hidden * inner) + 4 * seq**2 * hidden)
+    rows = min(pred, seq)
+    forward = (layers - 1) * (seq * (8 * hidden**2 + 6 * hidden * inner) + 4 * seq**2 * hidden)
+    forward += seq * 4 * hidden**2 + rows * (4 * hidden**2 + 6 * hidden * inner) + 4 * rows * seq * hidden
     forward += pred * (2 * hidden**2 + 2 * hidden * vocab)
     return 3.0 * forward
 
