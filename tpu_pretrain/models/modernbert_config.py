@@ -239,7 +239,7 @@ def training_flops_per_sequence(config: ModernBertConfig, seq: int, pred: int, b
     products over the whole sequence (the local layers' window is masked, not skipped), the head at the masked
     positions (dense and tied decoder); backward = 2 x forward. The last layer computes its keys and values at every
     position and the rest at the R = P masked rows only (``jax_backend.modernbert.ModernBertLayer.call_at_rows``;
-    T if fewer): their other rows reach no loss (ModernBERT-base at 1,024 with 30% masked: ~2.6% of its FLOPs).
+    T if fewer): their other rows reach no loss (ModernBERT-base at 1,024 with 30% masked: 2.4% of its FLOPs).
     ``backend``: BERT's signature (ModernBERT trains on the JAX backend only)."""
     layers, hidden, inner, vocab = (config.num_hidden_layers, config.hidden_size, config.intermediate_size,
                                     config.vocab_size)
