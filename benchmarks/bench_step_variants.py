@@ -466,16 +466,23 @@ def timed_in_turns(variants: dict, config: Config, steps: int, rounds: int) -> d
     (``rates``), the mean loss of its timed steps (the same batches for all)."""
     per_turn = steps // rounds
     names = list(variants)
+
+    def turn(name: str) -> tuple[float, dict]:
+        with variant(name):  # a call that traced again would still be this variant's
+            start = time.perf_counter()
+            metrics = variants[name]["trainer"].train_steps(per_turn)
+            return time.perf_counter() - start, metrics
+
     for r in range(-1, rounds):  # round -1 untimed: every trainer's input read ahead, none still filling its queue
         for name in names[r % len(names):] + names[:r % len(names)]:
-            v = variants[name]
-            with variant(name):  # a call that traced again would still be this variant's
-                start = time.perf_counter()
-                metrics = v["trainer"].train_steps(per_turn)
-                seconds = time.perf_counter() - start
-            if r >= 0:
-                v["seconds"].append(seconds)
-                v["losses"].append(float(metrics["loss"]))
+            if name not in variants:
+                continue
+            timed = attempted(name, f"its turn in round {r + 1}", turn, name)
+            if timed is None:  # a variant that fails a turn leaves the rounds; the others' go on
+                variants.pop(name)["trainer"].close()
+            elif r >= 0:
+                variants[name]["seconds"].append(timed[0])
+                variants[name]["losses"].append(float(timed[1]["loss"]))
     batch = config.train.train_batch_size
     for v in variants.values():
         v["trainer"].close()

@@ -95,3 +95,31 @@ def test_the_pallas_gelu_kernel_in_bfloat16():
     np.testing.assert_array_equal(np.asarray(dh), np.asarray(package(dy)[0]))
     summed = np.asarray(dh, np.float32).reshape(-1, 300).sum(axis=0)
     np.testing.assert_allclose(np.asarray(dbias, np.float32), summed, rtol=2**-8, atol=0)  # rounded once: half a step
+
+
+def test_variants_timed_in_turns_survive_one_that_fails(tmp_path, capsys):
+    """``timed_in_turns``: two real trainers (L2-H128, batch 4) take turns, three rounds of one call each after the
+    untimed round; one whose call fails in its second timed round (as a kernel may on a card) leaves the rounds with
+    its error said and its trainer closed, and the other's figures stand: a rate from each of its rounds."""
+    import argparse
+
+    from bench_train_jax import SMOKE_STEP, step_config
+
+    args = argparse.Namespace(**{**SMOKE_STEP, "steps_per_execution": 2, "data_dir": None})
+    config = step_config(str(tmp_path), args, hidden_dropout_prob=0.0)
+    ready = {name: bench_step_variants.built(name, config) for name in ("base", "exact_gelu")}
+    failing = ready["exact_gelu"]["trainer"]
+    calls, closed, original = [], [], failing.train_steps
+
+    def fails_late(steps):
+        calls.append(steps)
+        if len(calls) == 3:  # the untimed round's call, round 1's, then round 2's fails
+            raise RuntimeError("a kernel the card refuses")
+        return original(steps)
+
+    failing.train_steps, close = fails_late, failing.close
+    failing.close = lambda: (closed.append(1), close())
+    results = bench_step_variants.timed_in_turns(ready, config, steps=6, rounds=3)
+    assert list(results) == ["base"] and closed == [1] and calls == [2, 2, 2]
+    assert len(results["base"]["rates"]) == 3 and all(rate > 0 for rate in results["base"]["rates"])
+    assert "its turn in round 2 failed: RuntimeError: a kernel the card refuses" in capsys.readouterr().out
