@@ -629,7 +629,8 @@ def main() -> None:
                 f"temporaries {c.memory['temporaries'] / 2**30:.2f} GiB")
             print(f"{name:28} compiled for {args.compile_for}, one step: {said}", flush=True)
         ready = {name: attempted(name, "its build", built, name, config) for name in args.variants if args.steps}
-        results = timed_in_turns({n: v for n, v in ready.items() if v is not None}, config, args.steps, args.rounds)
+        ready = {name: v for name, v in ready.items() if v is not None}
+        results = timed_in_turns(ready, config, args.steps, args.rounds) if ready else {}
     for name, r in results.items():
         spread = (max(r["rates"]) - min(r["rates"])) / r["rate"]
         print(f"{name:28} {r['rate']:10.1f} sequences/s ({r['rate'] * flops / 1e12:.2f} TFLOP/s; rounds within "

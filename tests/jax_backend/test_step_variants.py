@@ -123,3 +123,15 @@ def test_variants_timed_in_turns_survive_one_that_fails(tmp_path, capsys):
     assert list(results) == ["base"] and closed == [1] and calls == [2, 2, 2]
     assert len(results["base"]["rates"]) == 3 and all(rate > 0 for rate in results["base"]["rates"])
     assert "its turn in round 2 failed: RuntimeError: a kernel the card refuses" in capsys.readouterr().out
+
+
+def test_compiling_without_timing_times_nothing():
+    """``--steps 0`` (what ``--compile_for`` estimates are run with): each variant compiled and counted, none built to
+    be timed, and no rounds to take (the turns once divided by the count of variants timed)."""
+    import subprocess
+
+    script = Path(bench_step_variants.__file__)
+    done = subprocess.run([sys.executable, str(script), "--smoke", "--steps", "0", "--variants", "base"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "compiled for cpu, one step" in done.stdout and "sequences/s" not in done.stdout
