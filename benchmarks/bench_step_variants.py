@@ -590,8 +590,8 @@ def main() -> None:
                         "variants taking turns (a multiple of --steps_per_execution per turn keeps every call full)")
     args = parse_args(parser, smoke={**SMOKE_STEP, "steps_per_execution": 2, "compile_for": "cpu", "steps": 4,
                                      "variants": ["keras_gelu", "remat", "exact_gelu"]},
-                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 2 timed steps; three variants, their steps "
-                           "compiled for the CPU too")
+                      what="L2-H128, vocab 1000, batch 4 x 32 tokens, 4 timed steps in two rounds; three variants, "
+                           "their steps compiled for the CPU too")
     on_gpu = args.compile_for in gpu_targets.TARGETS
     if on_gpu:
         gpu_targets.prepare(args.compile_for)
@@ -599,6 +599,8 @@ def main() -> None:
             gpu_targets.described(args.compile_for)
         except RuntimeError as exc:
             parser.exit(2, f"bench_step_variants.py: {exc}\n")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
     if args.steps and (args.steps % args.rounds or args.steps // args.rounds % args.steps_per_execution):
         parser.error(f"--steps {args.steps} in --rounds {args.rounds}: each turn a multiple of --steps_per_execution "
                      f"{args.steps_per_execution} (a shorter call runs another executable, compiled on its first use)")
@@ -614,7 +616,6 @@ def main() -> None:
         if kept is not None:
             print(f"{name:28} one block keeps {kept / 1024:.1f} KiB per token for its backward ({args.model_size}, "
                   f"length {args.seq})", flush=True)
-    results = {}
     with tempfile.TemporaryDirectory() as folder:
         config = step_config(folder, args, hidden_dropout_prob=0.0)
         estimates = {name: attempted(name, "its estimate", gpu_estimate, name, config, args.compile_for)
