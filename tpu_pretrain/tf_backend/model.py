@@ -89,6 +89,17 @@ class SeededDropout(Dropout):
         return super().call(inputs, training=training) if dropped is None else dropped
 
 
+class TiedEmbedding(Embedding):
+    """bert4keras's token table, whose ``dense`` mode (the tied MLM head) reads the table in the inputs' dtype: under
+    ``mixed_float16`` the table stays float32 (tf-keras does not autocast an Embedding's variables) and bert4keras's
+    own product of float16 activations by it failed to build (TypeError in MatMul), so float16 could not train."""
+
+    def call(self, inputs, mode="embedding"):
+        if mode == "embedding":
+            return super().call(inputs)
+        return tf.matmul(inputs, tf.cast(self.embeddings, inputs.dtype), transpose_b=True)
+
+
 class SeededAttention(MultiHeadAttention):
     """bert4keras's multi-head attention (BERT's case: no position bias) with its attention-probability
     dropout drawn from :func:`dropout_seed`; other cases are bert4keras's own."""
@@ -136,6 +147,8 @@ class PretrainingBERT(BERT):
         """bert4keras's layer factory, with dropout and attention whose masks follow :func:`dropout_seed`."""
         if layer is MultiHeadAttention:
             layer = SeededAttention
+        elif layer is Embedding:
+            layer = TiedEmbedding
         elif layer is Dropout and self.dropout_rate:
             layer = SeededDropout
         return super().apply(inputs=inputs, layer=layer, arguments=arguments, **kwargs)
