@@ -81,7 +81,7 @@ def compiling_for(target: str):
     from tpu_pretrain.jax_backend.devices import Devices, compute_at_least
 
     devices = described(target)
-    # bfloat16 where native, else float16 as a T4's users ask for it (--mixed_precision float16: loss scaled)
+    # bfloat16 where native, else float16 (loss scaled), as auto decides for a T4
     precision = "bfloat16" if compute_at_least(devices[0], 8.0) else "float16"
     yield Devices("gpu", devices, precision, abstract=True)
 

@@ -29,7 +29,7 @@ CPU = FoundDevices("cpu", 1)
 @pytest.mark.parametrize(("found", "tensorflow", "jax"), [
     (TPU, "bfloat16", "bfloat16"),
     (A100, "float16", "bfloat16"),  # TensorFlow's auto takes float16 wherever there are float16 tensor cores
-    (T4, "float16", "float32"),  # JAX's takes float16 only when asked
+    (T4, "float16", "float16"),  # the free T4: float32 would run without its tensor cores
     (P100, "float32", "float32"),
     (CPU, "float32", "float32"),
 ])

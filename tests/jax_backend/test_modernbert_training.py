@@ -186,6 +186,27 @@ def test_a_sigkilled_modernbert_run_resumes_to_the_same_state(data, reference, j
         np.testing.assert_allclose(got[name], expected[name], atol=1e-6, rtol=0, err_msg=name)
 
 
+def test_modernbert_trains_in_float16_within_its_precision_of_float32(data, reference, tmp_path):
+    """``--mixed_precision float16`` (what ``auto`` takes on a GPU with float16 tensor cores and no bfloat16: the free
+    T4): the reference run computed in float16 with its loss scaled, no step overflowing, its losses and weights
+    within float16's precision of the float32 run's (12 AdamW steps of 2e-3 move a weight up to ~2e-2)."""
+    from tpu_pretrain.export.plots import read_scalars
+
+    run = tmp_path / "float16"
+    done = subprocess.run(train_command(data / "data", run, "--mixed_precision", "float16"), capture_output=True,
+                          text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "float16" in done.stdout + done.stderr
+    halves, exact = final_state(run), final_state(reference)
+    assert float(halves.pop("loss_scale/scale")) == 2.0**15 and int(halves.pop("loss_scale/good_steps")) == STEPS
+    assert halves.keys() == exact.keys()
+    worst = max(float(np.abs(halves[n].astype(np.float64) - exact[n]).max()) for n in exact)
+    losses = [[v for _, v in read_scalars(r)["train"]["loss"]] for r in (run, reference)]
+    print(f"float16 losses {np.round(losses[0], 5)}, float32 {np.round(losses[1], 5)}; weights apart up to {worst:.3g}")
+    np.testing.assert_allclose(*losses, rtol=1e-3)
+    assert 0 < worst < 2e-3
+
+
 def save_transformers_modernbert(folder: Path, vocab_file: Path, vocab_size: int | None = None):
     """A ModernBERT of another shape than any named size (a 16-token window on the 64-token rows), saved by
     transformers' ``save_pretrained`` with the vocab's size and special ids (no mask id: released configs leave it

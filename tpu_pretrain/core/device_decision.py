@@ -4,8 +4,8 @@ batch, each ``auto`` (or 0) decided once with the reason it logs: the resolver's
 
 A backend finds its devices and says what it found (:class:`FoundDevices`); the decisions are made here, the same for
 both backends, but for the policies in which they really differ, which are data read by backend name
-(:data:`POLICIES`): TensorFlow's ``auto`` trains GPUs with float16 tensor cores in float16, JAX's trains in float16
-only when asked.
+(:data:`POLICIES`): TensorFlow's ``auto`` trains every GPU with float16 tensor cores in float16, JAX's those without
+native bfloat16 (the free T4), which it trains in bfloat16.
 """
 
 from __future__ import annotations
@@ -38,16 +38,15 @@ class Policy:
 
     name: str  # as the reasons name it
     bfloat16_on: tuple[str, ...]  # kinds that auto trains in bfloat16 where every device computes it natively
-    float16_auto: bool  # auto trains GPUs with float16 tensor cores (and no native bfloat16 above) in float16
     xla_on: tuple[str, ...]  # kinds whose training step jit_compile auto compiles with XLA
     xla_always: bool  # every step is XLA-compiled whatever jit_compile says (the setting is not this backend's)
     float16_checked: bool  # mixed_precision float16 refused on a TPU, warned about where bfloat16 is native
 
 
 POLICIES = {
-    "tensorflow": Policy("TensorFlow", bfloat16_on=("tpu",), float16_auto=True, xla_on=("tpu", "gpu"),
+    "tensorflow": Policy("TensorFlow", bfloat16_on=("tpu",), xla_on=("tpu", "gpu"),
                          xla_always=False, float16_checked=False),
-    "jax": Policy("JAX", bfloat16_on=("tpu", "gpu"), float16_auto=False, xla_on=("tpu", "gpu", "cpu"),
+    "jax": Policy("JAX", bfloat16_on=("tpu", "gpu"), xla_on=("tpu", "gpu", "cpu"),
                   xla_always=True, float16_checked=True),
 }
 STEPS_PER_CALL = {"tpu": 100, "gpu": 20}  # steps_per_execution 0, by kind; 1 elsewhere
@@ -101,7 +100,7 @@ def decide_devices(backend: str, found: FoundDevices, train: TrainConfig, data: 
 
 def decide_precision(backend: str, found: FoundDevices, requested: str = "auto", warn: bool = True) -> tuple[str, str]:
     """``(precision, why)``: ``requested`` (why empty), or (auto) bfloat16 where the backend takes it and every device
-    computes it natively, float16 on GPUs with float16 tensor cores where the backend takes that, else float32."""
+    computes it natively, else float16 on GPUs with float16 tensor cores (loss scaled), else float32."""
     policy = POLICIES[backend]
     if requested != "auto":
         if requested == "float16" and policy.float16_checked:
@@ -110,15 +109,12 @@ def decide_precision(backend: str, found: FoundDevices, requested: str = "auto",
     name = found.kind.upper()
     if found.kind in policy.bfloat16_on and found.bfloat16_native:
         return "bfloat16", f"every {name} device computes bfloat16 natively (no loss scaling, no overflow)"
-    if policy.float16_auto and found.kind == "gpu" and found.float16_capable:
+    if found.kind == "gpu" and found.float16_capable:  # float32 there runs without tensor cores: several times slower
         return "float16", "the GPUs have float16 tensor cores (compute capability 7.0+): float16, with loss scaling"
     if found.kind == "cpu":
         return "float32", "a CPU computes no half precision faster"
-    if found.kind == "gpu" and policy.float16_auto:
-        return "float32", "GPUs without float16 tensor cores (compute capability below 7.0)"
     if found.kind == "gpu":
-        return "float32", (f"GPUs without native bfloat16 (compute capability below 8.0); the {policy.name} backend "
-                           "trains in float16 (with loss scaling) only when asked: --mixed_precision float16")
+        return "float32", "GPUs without float16 tensor cores (compute capability below 7.0)"
     return "float32", f"{name} devices without native bfloat16"
 
 
