@@ -4,8 +4,8 @@ batch, each ``auto`` (or 0) decided once with the reason it logs: the resolver's
 
 A backend finds its devices and says what it found (:class:`FoundDevices`); the decisions are made here, the same for
 both backends, but for the policies in which they really differ, which are data read by backend name
-(:data:`POLICIES`): TensorFlow's ``auto`` trains every GPU with float16 tensor cores in float16, JAX's those without
-native bfloat16 (the free T4), which it trains in bfloat16.
+(:data:`POLICIES`): TensorFlow's ``auto`` trains every GPU with float16 tensor cores in float16, JAX's only those
+without native bfloat16 (the free T4), the others in bfloat16.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class FoundDevices:
 class Policy:
     """How one backend's ``auto`` reads what was found: where the backends differ, as data."""
 
-    name: str  # as the reasons name it
     bfloat16_on: tuple[str, ...]  # kinds that auto trains in bfloat16 where every device computes it natively
     xla_on: tuple[str, ...]  # kinds whose training step jit_compile auto compiles with XLA
     xla_always: bool  # every step is XLA-compiled whatever jit_compile says (the setting is not this backend's)
@@ -44,10 +43,8 @@ class Policy:
 
 
 POLICIES = {
-    "tensorflow": Policy("TensorFlow", bfloat16_on=("tpu",), xla_on=("tpu", "gpu"),
-                         xla_always=False, float16_checked=False),
-    "jax": Policy("JAX", bfloat16_on=("tpu", "gpu"), xla_on=("tpu", "gpu", "cpu"),
-                  xla_always=True, float16_checked=True),
+    "tensorflow": Policy(bfloat16_on=("tpu",), xla_on=("tpu", "gpu"), xla_always=False, float16_checked=False),
+    "jax": Policy(bfloat16_on=("tpu", "gpu"), xla_on=("tpu", "gpu", "cpu"), xla_always=True, float16_checked=True),
 }
 STEPS_PER_CALL = {"tpu": 100, "gpu": 20}  # steps_per_execution 0, by kind; 1 elsewhere
 STEPS_WHY = {"tpu": "host round trips dominate a TPU's short calls",

@@ -97,7 +97,8 @@ class TiedEmbedding(Embedding):
     def call(self, inputs, mode="embedding"):
         if mode == "embedding":
             return super().call(inputs)
-        return tf.matmul(inputs, tf.cast(self.embeddings, inputs.dtype), transpose_b=True)
+        kernel = tf.cast(self.embeddings, inputs.dtype)  # the variable itself where the dtypes agree
+        return keras.backend.dot(inputs, tf.transpose(kernel))  # bert4keras's product, as before
 
 
 class SeededAttention(MultiHeadAttention):
