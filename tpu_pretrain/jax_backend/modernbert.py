@@ -125,11 +125,17 @@ def column_blocks(dense: keras.layers.Dense, x, parts: int) -> tuple:
     per step, estimated. (``Wi``'s input and gate gain nothing so: the GeGLU's backward writes their gradients
     concatenated in the kernel that computes them.) A GPU's path only: the TPU compiler counts 6% more bytes per
     step for it (v5e, libtpu 0.0.42.1, batch 8: 123.8 GB against 116.7 for the one product and its slices)."""
-    kernel, width = ops.cast(dense.kernel, x.dtype), dense.units // parts
+    return shared_input_projections(x, *column_weights(dense, x.dtype, parts), True)[:parts]
+
+
+def column_weights(dense: keras.layers.Dense, dtype, parts: int) -> tuple:
+    """``(kernels, biases)``: ``dense``'s kernel and bias (None without one) cast to ``dtype`` (one cast each) and
+    split into ``parts`` equal blocks of their columns."""
+    kernel, width = ops.cast(dense.kernel, dtype), dense.units // parts
     kernels = tuple(kernel[:, i * width:(i + 1) * width] for i in range(parts))
     biases = None if dense.bias is None else tuple(
-        ops.cast(dense.bias, x.dtype)[i * width:(i + 1) * width] for i in range(parts))
-    return shared_input_projections(x, kernels, biases, True)[:parts]
+        ops.cast(dense.bias, dtype)[i * width:(i + 1) * width] for i in range(parts))
+    return kernels, biases
 
 
 def at_rows(table, rows):
@@ -207,13 +213,8 @@ class ModernBertLayer(keras.layers.Layer):
         the fused kernels want the queries as long as the keys)."""
         batch, _, width = x.shape
         heads = (batch, -1, self.heads, width // self.heads)
-        # Wqkv's query, key and value columns, from one cast of the weight (a GPU's call carries its copy)
-        kernel = ops.cast(self.wqkv.kernel, x.dtype)
-        kernels = [kernel[:, i * width:(i + 1) * width] for i in range(3)]
-        biases = None if self.wqkv.bias is None else [
-            ops.cast(self.wqkv.bias, x.dtype)[i * width:(i + 1) * width] for i in range(3)]
-        k, v, _ = shared_input_projections(self.normed(x, mesh), tuple(kernels[1:]),
-                                           None if biases is None else tuple(biases[1:]),
+        kernels, biases = column_weights(self.wqkv, x.dtype, 3)  # Wqkv's query, key and value columns
+        k, v, _ = shared_input_projections(self.normed(x, mesh), kernels[1:], None if biases is None else biases[1:],
                                            target_platform(mesh) == "gpu")
         k, v = ops.reshape(k, heads), ops.reshape(v, heads)
         picked = one_hot_rows(x, rows)
