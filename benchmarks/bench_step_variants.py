@@ -166,7 +166,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import gpu_targets  # noqa: E402
-from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config  # noqa: E402
+from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, warmed_trainer  # noqa: E402
 from support import kernel_tiles, parse_args  # noqa: E402
 
 from tpu_pretrain.config import Config  # noqa: E402
@@ -446,16 +446,10 @@ def kept_for_backward(name: str, model_size: str, vocab: int, seq: int) -> float
 
 
 def built(name: str, config: Config) -> dict:
-    """``name``'s JAX trainer built and its step compiled under its patches (two warm-up calls, the first timed with
-    the build as ``first``), ready to be timed in turns with the others'."""
-    from tpu_pretrain.jax_backend.trainer import JaxTrainer
-
+    """``name``'s JAX trainer built and its step compiled under its patches (:func:`bench_train_jax.warmed_trainer`),
+    ready to be timed in turns with the others'."""
     with variant(name):
-        start = time.perf_counter()
-        trainer = JaxTrainer(config)
-        trainer.train_steps(trainer.steps_per_execution)
-        first = time.perf_counter() - start
-        trainer.train_steps(trainer.steps_per_execution)
+        trainer, first = warmed_trainer(config)
     return {"trainer": trainer, "first": first, "seconds": [], "losses": []}
 
 

@@ -108,11 +108,9 @@ def measured_peak(dtype: str, square: int, shapes: list[tuple[int, int, int]], s
     return max(matmul_rate(dtype, *shape, seconds / len(readings)) for shape in readings)
 
 
-def time_training(config: Config, steps: int) -> dict:
-    """The JAX trainer of ``config`` timed: two warm-up calls (the first, which compiles, timed as ``first`` with the
-    build), then ``steps`` steps: sequences/s (``rate``), the share of them the devices waited on input (``wait``),
-    their mean loss, and the trainer, its input closed (the other benchmarks time their steps the same way through
-    this)."""
+def warmed_trainer(config: Config):
+    """``(trainer, first)``: the JAX trainer of ``config`` after two warm-up calls, the first of which compiles, timed
+    with the build as ``first`` (seconds)."""
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
     start = time.perf_counter()
@@ -120,6 +118,14 @@ def time_training(config: Config, steps: int) -> dict:
     trainer.train_steps(trainer.steps_per_execution)
     first = time.perf_counter() - start
     trainer.train_steps(trainer.steps_per_execution)
+    return trainer, first
+
+
+def time_training(config: Config, steps: int) -> dict:
+    """The JAX trainer of ``config`` timed: warmed (:func:`warmed_trainer`), then ``steps`` steps: sequences/s
+    (``rate``), the share of them the devices waited on input (``wait``), their mean loss, the warm-up's ``first``
+    and the trainer, its input closed (the other benchmarks time their steps the same way through this)."""
+    trainer, first = warmed_trainer(config)
     start = time.perf_counter()
     metrics = trainer.train_steps(steps)
     rate = steps * config.train.train_batch_size / (time.perf_counter() - start)
