@@ -93,8 +93,10 @@ run() {
     part bench_gpu $((budget + 25)) "$python" benchmarks/bench_gpu.py $smoke "${skip[@]}" --corpus "$corpus" \
         --json "$OUT/bench_gpu.json" --budget_s "$budget"
     # the device tool brings back at most 8 files of 16 MiB, none deeper than two folders: the logs' folder as one
-    # archive, without the step's trace (its summary is in bench_gpu.json; `probe` brings a trace back)
-    tar -czf "$OUT/bench_gpu_logs.tgz" --exclude=trace.json.gz -C "$OUT" bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
+    # archive, without the step's trace (its summary is in bench_gpu.json; `probe` brings a trace back); a smoke run
+    # keeps its logs in its own work folder
+    [ -d "$OUT/bench_gpu_logs" ] && tar -czf "$OUT/bench_gpu_logs.tgz" --exclude=trace.json.gz -C "$OUT" \
+        bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
     echo "== done: $OUT"
 }
 
