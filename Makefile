@@ -81,12 +81,18 @@ tpu-stack-demo: install-tpu-stack
 tpu-stack-tests: install-tpu-stack
 	$(TPU_VENV)/bin/python $(PYTEST) -p no:cacheprovider $(TPU_STACK_TESTS)
 
-# -- The JAX backend without TensorFlow or bert4keras, as on Colab's TPU image: .venv-jax --------------
+# -- The JAX backend without TensorFlow or bert4keras, with the newest JAX: .venv-jax ----------------------------
 # Keras 3 + JAX (CPU) and what the package's training and export need; the package itself with --no-deps
-# (its notebook dependencies are not needed here). `make test` runs these tests after the main suite (about 15 min),
-# and installs this environment while the main suite runs.
+# (its notebook dependencies are not needed here). `make test` runs these tests after the main suite (about 9 min),
+# and installs this environment while the main suite runs. Its Python is a 3.12 where one is found (on PATH or
+# pyenv's), as JAX 0.11 and later need one: the JAX a GPU user's `pip install` gets (the H200 ran 0.11.2), where the
+# main suite's Python 3.11 stops at 0.10.2 (one bound failed under 0.12.0.1 that 0.10.2 passed); the free TPU images'
+# own JAX releases are the images' environments' (below).
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
+JAX_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12.*/bin/python3.12; do \
+	"$$p" -c '' 2>/dev/null && command -v "$$p" && break; done),$(PYTHON))
+VERSION_OF = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2" "tokenizers>=0.20" "jieba>=0.42" \
 	"google-cloud-storage>=2.14" "google-crc32c>=1.5" tqdm pyyaml psutil setuptools matplotlib "numba>=0.59" \
 	pytest pytest-xdist safetensors "transformers>=4.40" torch==2.13.0
@@ -94,7 +100,8 @@ JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2"
 install-jax-stack: $(JAX_STAMP)
 
 $(JAX_STAMP): setup.cfg pyproject.toml Makefile
-	test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
+	test "$(call VERSION_OF,$(JAX_VENV)/bin/python)" = "$(call VERSION_OF,$(JAX_PYTHON))" || \
+		$(JAX_PYTHON) -m venv --clear $(JAX_VENV)
 	$(JAX_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel uv
 	$(call UV,$(JAX_VENV)) $(JAX_STACK_PACKAGES)
 	$(call UV,$(JAX_VENV)) --no-deps -e .
