@@ -87,11 +87,11 @@ tpu-stack-tests: install-tpu-stack
 # and installs this environment while the main suite runs. Its Python is a 3.12 where one is found (on PATH or
 # pyenv's), as JAX 0.11 and later need one: the JAX a GPU user's `pip install` gets (the H200 ran 0.11.2), where the
 # main suite's Python 3.11 stops at 0.10.2 (one bound failed under 0.12.0.1 that 0.10.2 passed); the free TPU images'
-# own JAX releases are the images' environments' (below).
+# own JAX releases are the images' environments' (below). Found as the TPU environment finds its Python (3.12 first).
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed
-JAX_PYTHON ?= $(or $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12.*/bin/python3.12; do \
-	"$$p" -c '' 2>/dev/null && command -v "$$p" && break; done),$(PYTHON))
+JAX_PYTHON ?= $(or $(shell $(PYTHON) -c 'from tpu_pretrain.tf_backend.setup.tpu_env import find_python; \
+	print(find_python() or "")' 2>/dev/null),$(PYTHON))
 VERSION_OF = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 JAX_STACK_PACKAGES := "jax[cpu]>=0.4.30" "keras>=3.5" numpy "sentencepiece>=0.2" "tokenizers>=0.20" "jieba>=0.42" \
 	"google-cloud-storage>=2.14" "google-crc32c>=1.5" tqdm pyyaml psutil setuptools matplotlib "numba>=0.59" \
