@@ -113,6 +113,12 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   it (no kernel changes); the card measures it.
 - ``xla_attention``: ``TPU_PRETRAIN_ATTENTION=xla`` (XLA's fused attention instead of cuDNN's flash kernels, which
   took 5.2 ms of the step at length 128): measured on an H100, 0.807x.
+- ``splash_attention``: ``TPU_PRETRAIN_ATTENTION=splash``, the TPU's splash kernel at every length, as ``auto`` took
+  it at 128 before 2026-11-28 (now from 256: :mod:`tpu_pretrain.jax_backend.splash`). For a TPU's compile
+  (``--compile_for v5e-1 --steps 0 --batch 128``): the TPU compiler's cost model gives BERT-base's step 146.6 M
+  cycles with it, the kernel's own not counted, against 127.3 M for ``base`` (XLA's attention), 0.868x; ~30 M of
+  them the copies that put the projections into the kernel's layout and take its log-sum-exp out. Off a TPU the
+  kernel runs in Pallas's interpreter: not a variant to time on a GPU.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
@@ -160,12 +166,14 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import gpu_targets  # noqa: E402
+import tpu_cost_model  # noqa: E402
 from bench_train_jax import SMOKE_STEP, add_step_arguments, step_config, warmed_trainer  # noqa: E402
 from support import kernel_tiles, parse_args  # noqa: E402
 
@@ -180,7 +188,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
-           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles")
+           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -286,6 +294,8 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(block, "hidden", pallas_gelu_hidden(block.hidden)))
     if "xla_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
+    if "splash_attention" in changes:
+        patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "splash"}))
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))
@@ -526,17 +536,30 @@ def gpu_estimate(name: str, config: Config, target: str) -> dict:
 
 def compiled_counts(name: str, config: Config, target: str):
     """One step of ``name`` compiled for ``target`` by ``tpu-pretrain plan``'s own compile (a TPU by name, with the
-    TPU compiler and no TPU; or ``cpu``): its :class:`StepCompile`, with the compiler's FLOPs and bytes accessed (its
-    cost model's count over the optimised HLO) and the temporaries."""
-    from tpu_pretrain.jax_backend.plan import capacity_of, check_request, compile_step, devices_for
+    TPU compiler and no TPU; or ``cpu``): ``(its StepCompile, its cycles)``: the compiler's FLOPs and bytes accessed
+    (its cost model's count over the optimised HLO) and the temporaries; the cycles its cost model gives the step
+    (:func:`tpu_cost_model.step_cycles`; None off a TPU's compile)."""
+    from tpu_pretrain.jax_backend import plan
 
-    with variant(name):
-        tpu = check_request(target)
-        devices = devices_for(target, tpu)
+    texts, lower_step = [], plan.lower_step
+
+    def lowered_and_kept(trainer):  # the plan's own lowering; its compiled text kept for the cost model
+        lowered = lower_step(trainer)
+        return types.SimpleNamespace(compile=lambda: _kept(lowered.compile(), texts))
+
+    with variant(name), mock.patch.object(plan, "lower_step", lowered_and_kept):
+        tpu = plan.check_request(target)
+        devices = plan.devices_for(target, tpu)
         trainer = trainer_for(config, devices)
         t = trainer.config.train
-        compiled = compile_step(trainer, t.train_batch_size, t.gradient_accumulation_steps, capacity_of(devices, tpu))
+        compiled = plan.compile_step(trainer, t.train_batch_size, t.gradient_accumulation_steps,
+                                     plan.capacity_of(devices, tpu))
         trainer.close()
+    return compiled, tpu_cost_model.step_cycles(texts[-1]) if tpu and texts else None
+
+
+def _kept(compiled, texts: list):
+    texts.append(compiled.as_text())
     return compiled
 
 
@@ -557,6 +580,17 @@ def show_estimates(estimates: dict, target: str, batch: int) -> None:
                      for p in {*e["other_by_part"], *base["other_by_part"]}}
             moved = ", ".join(f"{p} {ms:+.2f}" for p, ms in sorted(parts.items(), key=lambda kv: -abs(kv[1]))[:4])
             print(f"{name:28} {base['ms'] / e['ms']:.3f}x base estimated on {target}; ms moved: {moved}")
+
+
+def show_cycles(cycles: dict) -> None:
+    """Each variant's step against ``base``'s by the TPU compiler's cycles, and the parts that moved most."""
+    base = cycles.get("base")
+    for name, c in cycles.items() if base else ():
+        if name != "base":
+            moved = {p: c["by_part"].get(p, 0) - base["by_part"].get(p, 0) for p in {*c["by_part"], *base["by_part"]}}
+            parts = ", ".join(f"{p} {m / 1e6:+.1f}" for p, m in sorted(moved.items(), key=lambda kv: -abs(kv[1]))[:4])
+            print(f"{name:28} {base['cycles'] / c['cycles']:.3f}x base by the compiler's cycles (Pallas kernels "
+                  f"{c['unseen_kernels']} against {base['unseen_kernels']}, not costed); M cycles moved: {parts}")
 
 
 def attempted(name: str, what: str, run, *args):
@@ -615,14 +649,21 @@ def main() -> None:
         estimates = {name: attempted(name, "its estimate", gpu_estimate, name, config, args.compile_for)
                      for name in args.variants if on_gpu}
         show_estimates({name: e for name, e in estimates.items() if e is not None}, args.compile_for, args.batch)
+        cycles = {}
         for name in args.variants if args.compile_for and not on_gpu else ():
-            c = attempted(name, "its compile", compiled_counts, name, config, args.compile_for)
-            if c is None:
+            counted = attempted(name, "its compile", compiled_counts, name, config, args.compile_for)
+            if counted is None:
                 continue
+            c, cycles[name] = counted
             said = f"did not compile: {c.error}" if c.error else (
                 f"{c.flops / 1e12:.3f} TFLOP, {c.bytes_accessed / 1e9:.2f} GB accessed (the compiler's count), "
                 f"temporaries {c.memory['temporaries'] / 2**30:.2f} GiB")
+            if cycles[name]:
+                said += (f"; {cycles[name]['cycles'] / 1e6:.1f} M cycles by its cost model (copies "
+                         f"{cycles[name]['by_op'].get('copy', 0) / 1e6:.1f} M; {cycles[name]['unseen_kernels']} "
+                         "Pallas kernels it does not cost)")
             print(f"{name:28} compiled for {args.compile_for}, one step: {said}", flush=True)
+        show_cycles({name: c for name, c in cycles.items() if c})
         ready = {name: attempted(name, "its build", built, name, config) for name in args.variants if args.steps}
         ready = {name: v for name, v in ready.items() if v is not None}
         results = timed_in_turns(ready, config, args.steps, args.rounds) if ready else {}

@@ -149,28 +149,36 @@ def parse(text: str) -> tuple[dict[str, list[_Instruction]], str]:
     return computations, entry
 
 
+def walk(computations: dict, computation: str, visit, launches: int = 1) -> None:
+    """``visit(instruction, computation, launches)`` for each instruction that runs as a kernel of its own, in
+    ``computation`` and the loop bodies (times their known trip counts, else once), calls and branches it runs."""
+    for i in computations.get(computation, ()):
+        if i.op == "while":
+            trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', i.attrs)
+            walk(computations, i.called("body"), visit, launches * (int(trips[1]) if trips else 1))
+        elif i.op == "call":
+            walk(computations, i.called("to_apply"), visit, launches)
+        elif i.op == "conditional":
+            branches = re.search(r"branch_computations=\{([^}]*)\}", i.attrs)
+            for branch in re.findall(r"%([\w.\-]+)", branches[1] if branches else ""):
+                walk(computations, branch, visit, launches)
+        elif i.op not in NO_KERNEL:
+            visit(i, computation, launches)
+
+
 def kernels(text: str) -> list[Kernel]:
     """The kernels one run of the module launches, with their bytes and FLOPs (see the module's docstring)."""
     computations, entry = parse(text)
     named = {i.name: i for body in computations.values() for i in body}
     found: list[Kernel] = []
+    scopes: dict[str, ChainMap] = {}
 
-    def walk(computation: str, launches: int) -> None:
-        scope = ChainMap({i.name: i for i in computations.get(computation, ())}, named)  # its own names first
-        for i in computations.get(computation, ()):
-            if i.op == "while":
-                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', i.attrs)
-                walk(i.called("body"), launches * (int(trips[1]) if trips else 1))
-            elif i.op == "call":
-                walk(i.called("to_apply"), launches)
-            elif i.op == "conditional":
-                branches = re.search(r"branch_computations=\{([^}]*)\}", i.attrs)
-                for branch in re.findall(r"%([\w.\-]+)", branches[1] if branches else ""):
-                    walk(branch, launches)
-            elif i.op not in NO_KERNEL:
-                found.append(_kernel(i, computations, scope, launches))
+    def visit(i: _Instruction, computation: str, launches: int) -> None:
+        if computation not in scopes:  # its own names first
+            scopes[computation] = ChainMap({f.name: f for f in computations[computation]}, named)
+        found.append(_kernel(i, computations, scopes[computation], launches))
 
-    walk(entry, 1)
+    walk(computations, entry, visit)
     return found
 
 

@@ -208,6 +208,29 @@ def test_hlo_roofline_counts_each_kind_of_kernel_a_step_launches():
         hlo_roofline.kernels("HloModule empty\n")
 
 
+def test_tpu_cost_model_sums_the_compilers_cycles_over_what_runs():
+    """What ``bench_step_variants.py --compile_for v5e-1`` reads off a TPU step's optimised HLO: the cycles the TPU
+    compiler's cost model wrote on each instruction that runs, a Pallas kernel's (which carry none) counted apart.
+    Recorded: the gradient of a GEMM feeding JAX's splash kernel (2 heads, 256 tokens), compiled for a v5e by jax
+    0.12.0.1 / libtpu 0.0.50.1 with no TPU; its splash calls write their metadata over several lines, and the copy of
+    the kernel's log-sum-exp after one of them carries its cycles on a continuation line."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tpu_cost_model
+
+    module = (ROOT / "tests" / "recorded" / "small_tpu_step.hlo.txt").read_text()
+    step = tpu_cost_model.step_cycles(module)
+    figures = [int(n) for n in re.findall(r'"estimated_cycles":"(\d+)"', module)]  # no fusion's body carries one
+    assert step["cycles"] == sum(figures) == 34509
+    assert step["unseen_kernels"] == 3  # the kernel's forward, dq and dkv calls
+    copy = next(line for line in tpu_cost_model.joined(module).splitlines() if line.startswith("  %copy.5 = "))
+    assert "kernel_metadata" in copy and "\n" not in copy  # joined: its metadata spanned lines
+    copies = [int(n) for line in tpu_cost_model.joined(module).splitlines() if re.match(r"\s+%copy[.\d]* = ", line)
+              for n in re.findall(r'"estimated_cycles":"(\d+)"', line)]
+    assert step["by_op"]["copy"] == sum(copies) and len(copies) == 4
+    assert sum(step["by_part"].values()) == step["cycles"]
+    assert {part.split()[0] for part in step["by_part"]} >= {"fwd", "bwd"}
+
+
 def test_hlo_roofline_costs_a_real_h100_steps_kernels_near_their_measured_time():
     """Four kernels of BERT-base's step compiled on an H100 (the GELU forward and its gradient, two LayerNorm
     gradients; their fused computations as XLA wrote them) against the same run's trace: their bytes are what their

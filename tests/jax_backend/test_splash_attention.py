@@ -6,6 +6,7 @@ shapes (one 128-token block, two heads) keep the interpreter to seconds.
 
 import importlib.util
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -67,3 +68,11 @@ def test_block_sizes_and_lengths():
     with pytest.raises(ValueError, match="multiple of 128"):
         splash.block_size(100)
     assert not splash.applies(1024)  # this process's backend is a CPU: auto keeps XLA's attention
+
+
+def test_auto_takes_the_kernel_on_a_tpu_from_256_tokens():
+    """Compiled for a TPU, ``auto`` takes the kernel at multiples of 128 from :data:`splash.SHORTEST` (256) up; at 128
+    XLA's attention, which the TPU compiler's cost model puts at fewer cycles per step there (splash.py's docstring),
+    and at a length the kernel cannot take."""
+    tpu = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="tpu")]))
+    assert [n for n in (128, 200, 256, 384, 512, 1024, 8192) if splash.applies(n, tpu)] == [256, 384, 512, 1024, 8192]

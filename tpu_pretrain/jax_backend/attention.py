@@ -6,7 +6,8 @@ whose 16-bit fused attention cuDNN refuses only on the card, after tracing) the 
 float32 on every path. That function has no dropout on the attention probabilities, so a training call with
 ``attention_probs_dropout_prob > 0`` (BERT's original recipe) takes the explicit matmul-softmax-dropout-matmul path;
 with no attention dropout (the modern recipe) training and inference both take the fused path. On a TPU (or
-compiled for one) ``auto`` takes JAX's splash attention kernel (:mod:`.splash`) at lengths that are multiples of 128.
+compiled for one) ``auto`` takes JAX's splash attention kernel (:mod:`.splash`) at lengths that are multiples of 128
+from 256 up, and XLA's at 128 (fewer cycles there by the TPU compiler's cost model: :mod:`.splash` says why).
 """
 
 from __future__ import annotations
