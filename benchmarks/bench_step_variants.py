@@ -115,10 +115,13 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   took 5.2 ms of the step at length 128): measured on an H100, 0.807x.
 - ``splash_attention``: ``TPU_PRETRAIN_ATTENTION=splash``, the TPU's splash kernel at every length, as ``auto`` took
   it at 128 before 2026-11-28 (now from 256: :mod:`tpu_pretrain.jax_backend.splash`). For a TPU's compile
-  (``--compile_for v5e-1 --steps 0 --batch 128``): the TPU compiler's cost model gives BERT-base's step 146.6 M
-  cycles with it, the kernel's own not counted, against 127.3 M for ``base`` (XLA's attention), 0.868x; ~30 M of
-  them the copies that put the projections into the kernel's layout and take its log-sum-exp out. Off a TPU the
-  kernel runs in Pallas's interpreter: not a variant to time on a GPU.
+  (``--compile_for v5e-1 --steps 0 --batch 128``): the TPU compiler's cost model gives BERT-base's step 138.9 M
+  cycles with it, the kernel's own not counted, against 127.3 M for ``base`` (XLA's attention), 0.917x; 22.0 M of
+  them the copies that put the projections into the kernel's layout and take its log-sum-exp out (146.6 M and 30.0 M
+  with ``splash_head_minor`` too). Off a TPU the kernel runs in Pallas's interpreter: not a variant to time on a GPU.
+- ``splash_head_minor``: the splash kernel reading the queries, keys and values with the head size on the lanes
+  (``splash.QKV_LAYOUT``), as before 2026-11-28, where the package puts the length there. For a TPU's compile at a
+  length the kernel takes (``--compile_for v5e-1 --steps 0 --seq 512 --pred 76 --batch 32``).
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
@@ -188,7 +191,8 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "triton_gemm", "xla_attention", "remat", "exact_gelu", "xla_layernorm", "dynamic_loop",
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
-           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention")
+           "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention",
+           "splash_head_minor")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -296,6 +300,12 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "xla"}))
     if "splash_attention" in changes:
         patches.enter_context(mock.patch.dict(os.environ, {"TPU_PRETRAIN_ATTENTION": "splash"}))
+    if "splash_head_minor" in changes:
+        from tpu_pretrain.jax_backend import splash
+
+        patches.enter_context(mock.patch.object(splash, "QKV_LAYOUT", splash.kernels.QKVLayout.HEAD_DIM_MINOR))
+        splash.kernel.cache_clear()
+        patches.callback(splash.kernel.cache_clear)
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))

@@ -15,14 +15,15 @@ Block sizes: the largest of 512, 256, 128 that divides the length (the kernel ne
 that is not a multiple of 128 cannot take the kernel. ``auto`` takes it from :data:`SHORTEST` tokens up
 (:func:`applies`): at 128, BERT's own length, XLA's attention is the faster path by the TPU compiler's own cost model
 (its ``estimated_cycles`` summed over the step: ``benchmarks/bench_step_variants.py --compile_for v5e-1 --variants
-base splash_attention``). The kernel wants ``[heads, length, head_size]`` per example, its head size (64) padded to
-the chip's 128 lanes, so the projections' outputs and their gradients are transposed into it and out of it, and it
-saves its log-sum-exp as ``[length, 128 lanes]`` float32, as large as the score matrix at 128. BERT-base at 128,
-batch 128, on a v5e-1 (jax 0.12.0.1, libtpu 0.0.50.1): 146.6 M cycles for the step outside the kernel (30.0 M of
-them copies), against 127.3 M for the whole step on XLA's path: 0.87x even if the kernel took no time; on a v6e-1
-88.9 M against 68.8 M; on a v5e-8 at 32 per chip (its copies stay in VMEM) 36.2 M against 34.4 M. At 256 (batch
-64) about even, 147.4 M plus the kernel against 151.2 M, and the kernel holds 0.7 GiB less; at 512 (batch 32) the
-kernel's, 148.0 M plus the kernel against 195.2 M. Estimates, not measurements: there is no TPU here.
+base splash_attention``). The kernel wants each example's heads apart, so the projections and their gradients are
+copied into its layout and out of it, and it saves its log-sum-exp as ``[length, 128 lanes]`` float32, as large as
+the score matrix at 128. BERT-base at 128, batch 128, on a v5e-1 (jax 0.12.0.1, libtpu 0.0.50.1): 138.9 M cycles
+for the step outside the kernel (22.0 M of them copies), against 127.3 M for the whole step on XLA's path, 0.92x
+even if the kernel took no time (with the head size on the lanes, :data:`QKV_LAYOUT`'s other form, 146.6 M; then on
+a v6e-1 88.9 M against 68.8 M, and on a v5e-8 at 32 per chip, whose copies stay in VMEM, 36.2 M against 34.4 M). At
+256 (batch 64) the two were about even with the head size on the lanes, 147.4 M plus the kernel against 151.2 M; at
+512 (batch 32) the kernel's path is ahead, 140.3 M plus the kernel against 195.2 M. Estimates, not measurements:
+there is no TPU here.
 
 Off a TPU, ``interpret=True`` runs the same kernel in Pallas's interpreter (slow; tests only). Tolerances against the
 XLA path with the same masks, measured by ``tests/jax_backend/test_splash_attention.py``: float32 forward 2e-5 and
@@ -46,6 +47,11 @@ from .devices import per_device, target_platform
 LANES = 128  # the kernel's blocks are multiples of this
 BLOCKS = (512, 256, 128)
 SHORTEST = 256  # auto's shortest length for the kernel: below it XLA's attention costs the step fewer cycles
+# The kernel reads the queries, keys and values with the length on the chip's 128 lanes, not the head size (64 lanes
+# of 128 were padding, and XLA's copies into that layout cost more). One BERT-base layer's forward and backward at
+# 512 tokens, batch 32, on a v5e by the TPU compiler's cost model (the kernel's own time not counted): 4.95 -> 4.15 M
+# cycles, 395 -> 315 MiB of temporaries.
+QKV_LAYOUT = kernels.QKVLayout.SEQ_MINOR
 
 
 def applies(length: int, mesh=None) -> bool:
@@ -70,7 +76,8 @@ def kernel(length: int, heads: int, window: int | None, interpret: bool):
     one = masks.FullMask(shape) if window is None else masks.LocalMask(shape, (window, window), offset=0)
     block = block_size(length)
     sizes = kernels.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block,
+                               q_layout=QKV_LAYOUT, k_layout=QKV_LAYOUT, v_layout=QKV_LAYOUT)
     return kernels.make_splash_mha(masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
                                    q_seq_shards=1, interpret=interpret)
 
