@@ -50,7 +50,7 @@ SHORTEST = 256  # auto's shortest length for the kernel: below it XLA's attentio
 # The kernel reads the queries, keys and values with the length on the chip's 128 lanes, not the head size (64 lanes
 # of 128 were padding, and XLA's copies into that layout cost more). One BERT-base layer's forward and backward at
 # 512 tokens, batch 32, on a v5e by the TPU compiler's cost model (the kernel's own time not counted): 4.95 -> 4.15 M
-# cycles, 395 -> 315 MiB of temporaries.
+# cycles, 395 -> 315 MiB of temporaries; ModernBERT-base's step at 1,024 on a v5e-8 (32 per chip) 1,035.9 -> 805.1 M.
 QKV_LAYOUT = kernels.QKVLayout.SEQ_MINOR
 
 
