@@ -73,7 +73,12 @@ class Kernel:
 
     @property
     def part(self) -> str:
-        return part_of(self.op_name.replace("closed_call/", ""))
+        return model_part(self.op_name)
+
+
+def model_part(op_name: str) -> str:
+    """The part of the model an instruction's ``op_name`` names (:func:`device_profile.part_of`)."""
+    return part_of(op_name.replace("closed_call/", ""))
 
 
 @dataclass

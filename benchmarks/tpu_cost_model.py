@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from device_profile import part_of
-from hlo_roofline import parse, walk
+from hlo_roofline import model_part, parse, walk
 
 CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 # the start of a line that is an instruction or a computation (or a computation's end, "}" alone): any other line
@@ -52,7 +51,7 @@ def step_cycles(text: str) -> dict:
         if found:
             by_op[i.op] += int(found[1]) * launches
             op_name = re.search(r'op_name="([^"]*)"', i.attrs)
-            by_part[part_of(op_name[1]) if op_name else i.op] += int(found[1]) * launches
+            by_part[model_part(op_name[1]) if op_name else i.op] += int(found[1]) * launches
         elif i.op == "custom-call" and '"tpu_custom_call"' in i.attrs:
             unseen += launches
 
