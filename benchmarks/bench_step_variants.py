@@ -115,13 +115,18 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   took 5.2 ms of the step at length 128): measured on an H100, 0.807x.
 - ``splash_attention``: ``TPU_PRETRAIN_ATTENTION=splash``, the TPU's splash kernel at every length, as ``auto`` took
   it at 128 before 2026-11-28 (now from 256: :mod:`tpu_pretrain.jax_backend.splash`). For a TPU's compile
-  (``--compile_for v5e-1 --steps 0 --batch 128``): the TPU compiler's cost model gives BERT-base's step 138.9 M
-  cycles with it, the kernel's own not counted, against 127.3 M for ``base`` (XLA's attention), 0.917x; 22.0 M of
-  them the copies that put the projections into the kernel's layout and take its log-sum-exp out (146.6 M and 30.0 M
-  with ``splash_head_minor`` too). Off a TPU the kernel runs in Pallas's interpreter: not a variant to time on a GPU.
+  (``--compile_for v5e-1 --steps 0 --batch 128``): the TPU compiler's cost model gives BERT-base's step 124.3 M
+  cycles with it, the kernel's own not counted, against 127.3 M for ``base`` (XLA's attention): the kernel would have
+  to take under 3.0 M (138.9 M and 22.0 M of copies with ``splash_length_major`` too; 146.6 M and 30.0 M with
+  ``splash_head_minor`` as well). Off a TPU the kernel runs in Pallas's interpreter: not a variant to time on a GPU.
 - ``splash_head_minor``: the splash kernel reading the queries, keys and values with the head size on the lanes
   (``splash.QKV_LAYOUT``), as before 2026-11-28, where the package puts the length there. For a TPU's compile at a
   length the kernel takes (``--compile_for v5e-1 --steps 0 --seq 512 --pred 76 --batch 32``).
+- ``splash_length_major``: the projections around the splash kernel as XLA's path has them, ``[batch, length,
+  hidden]`` products reshaped and transposed into the kernel's ``[batch, heads, length, head_size]`` and back, as
+  before 2026-11-29, where the package projects into that order and out of it by einsums (``splash.HEADS_MAJOR``).
+  For a TPU's compile at a length the kernel takes, as ``splash_head_minor``: BERT-base at 512, batch 32, v5e-1,
+  125.4 M cycles for ``base`` against 140.3 M (copies 7.8 M against 22.1 M), the kernel's own not counted.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
@@ -192,7 +197,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
            "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention",
-           "splash_head_minor")
+           "splash_head_minor", "splash_length_major")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -306,6 +311,10 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(splash, "QKV_LAYOUT", splash.kernels.QKVLayout.HEAD_DIM_MINOR))
         splash.kernel.cache_clear()
         patches.callback(splash.kernel.cache_clear)
+    if "splash_length_major" in changes:
+        from tpu_pretrain.jax_backend import splash
+
+        patches.enter_context(mock.patch.object(splash, "HEADS_MAJOR", False))
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))

@@ -63,6 +63,18 @@ def test_splash_equals_xla_with_documents(dtype, window):
                                    atol=backward, rtol=0, err_msg=f"d{name}")
 
 
+def test_a_kernel_built_inside_one_trace_serves_the_next():
+    """The kernels are cached per shape; one first built while a jit traces (the training step) must serve the next
+    trace (the evaluation step, a shorter call) too: before the build was kept out of traces, the second call raised
+    UnexpectedTracerError (jax 0.11.2 and 0.12.0.1: the mask's arrays were the first trace's values)."""
+    splash.kernel.cache_clear()
+    q = jnp.asarray(np.random.default_rng(0).standard_normal((1, L, H, D)), jnp.float32)
+    segments = document_ids(row(), row() != 0, SEP)
+    first = jax.jit(lambda q: splash.attention(q, q, q, segments))(q)
+    second = jax.jit(lambda q: 2 * splash.attention(q, q, q, segments))(q)
+    np.testing.assert_array_equal(np.asarray(second), 2 * np.asarray(first))
+
+
 def test_block_sizes_and_lengths():
     assert [splash.block_size(n) for n in (128, 384, 1024, 8192)] == [128, 128, 512, 512]
     with pytest.raises(ValueError, match="multiple of 128"):
@@ -76,3 +88,62 @@ def test_auto_takes_the_kernel_on_a_tpu_from_256_tokens():
     and at a length the kernel cannot take."""
     tpu = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="tpu")]))
     assert [n for n in (128, 200, 256, 384, 512, 1024, 8192) if splash.applies(n, tpu)] == [256, 384, 512, 1024, 8192]
+
+
+def _model_outputs_and_gradients(model, inputs):
+    """The model's logits and the gradient of their sum by every trainable weight (float32)."""
+    weights = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+
+    def total(weights):
+        logits = model.stateless_call(weights, others, inputs)[0][0]
+        return jnp.sum(logits * jnp.cos(logits)), logits  # every logit a different weight in the gradient
+
+    (_, logits), grads = jax.value_and_grad(total, has_aux=True)(weights)
+    return logits, dict(zip([v.path for v in model.trainable_variables], grads, strict=True))
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_the_models_on_the_kernels_path_equal_xlas(family):
+    """Where the splash kernel runs, the models project into its ``[batch, heads, length, head_size]`` order and from
+    it (:data:`splash.HEADS_MAJOR`: einsums, where XLA's path reshapes and transposes): the same logits and weight
+    gradients as XLA's path, with documents apart (BERT: global attention with its biases; ModernBERT: rotary
+    positions restarting per document, a sliding-window layer and biases everywhere)."""
+    from tpu_pretrain.jax_backend.families import assign_stored_weights, stored_weights
+    from tpu_pretrain.jax_backend.model import build_model
+    from tpu_pretrain.jax_backend.modernbert import build_modernbert
+    from tpu_pretrain.models.bert_config import bert_config_for_size
+    from tpu_pretrain.models.modernbert_config import ModernBertConfig
+
+    ids = np.concatenate([np.asarray(row()), np.asarray(row())[:, ::-1]])  # the second: padding first, then text
+    ids[1] = np.roll(ids[1], -27)
+    positions = np.tile(np.array([[5, 30, 70, 99]], np.int32), (2, 1))
+    if family == "bert":
+        config = bert_config_for_size("L2-H128", 64)
+        config.num_attention_heads = H
+
+        def build(path):
+            return build_model(config, L, 4, attention=path)
+    else:
+        config = ModernBertConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=H, max_position_embeddings=L, local_attention=32,
+                                  global_attn_every_n_layers=2, initializer_range=0.1, pad_token_id=0,
+                                  bos_token_id=2, eos_token_id=SEP, cls_token_id=2, sep_token_id=SEP,
+                                  mask_token_id=4, norm_bias=True, attention_bias=True, mlp_bias=True)
+
+        def build(path):
+            return build_modernbert(config, L, 4, attention=path)
+    kernels, xla = build("splash"), build("xla")
+    for model in (kernels, xla):
+        model.document_separator = SEP
+    rng = np.random.default_rng(2)
+    for variable in kernels.trainable_variables:  # biases and norms off their initial values too
+        variable.assign(variable.value + rng.normal(0.0, 0.05, variable.shape).astype(np.float32))
+    assign_stored_weights(xla, stored_weights(kernels), "the kernel's model")
+    inputs = [jnp.asarray(ids), jnp.zeros_like(ids), jnp.asarray(positions)]
+    ours, our_grads = _model_outputs_and_gradients(kernels, inputs)
+    theirs, their_grads = _model_outputs_and_gradients(xla, inputs)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=1e-4, rtol=0)
+    assert our_grads.keys() == their_grads.keys()
+    for path, grad in our_grads.items():
+        np.testing.assert_allclose(np.asarray(grad), np.asarray(their_grads[path]), atol=2e-4, rtol=1e-4, err_msg=path)

@@ -86,14 +86,25 @@ def attention_mask(attend, documents=None, window: int | None = None, rows=None)
     return mask
 
 
-def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None):
+def takes_splash(path: str, length: int, mesh=None) -> bool:
+    """Whether :func:`masked_attention` runs the splash kernel on ``length`` tokens along ``path``."""
+    return path == "splash" or (path == "auto" and splash.applies(length, mesh))
+
+
+def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None,
+                     heads_major: bool = False):
     """Attention under padding, documents and a window: the splash kernel where ``path`` takes it (segment ids:
-    ``documents``, else padding against the rest), else :func:`fused_attention` under the same mask."""
-    if path == "splash" or (path == "auto" and splash.applies(q.shape[1], mesh)):
+    ``documents``, else padding against the rest), else :func:`fused_attention` under the same mask.
+    ``heads_major``: ``q``, ``k``, ``v`` and the result are ``[batch, heads, length, head_size]``, the splash
+    kernel's order (:data:`.splash.HEADS_MAJOR`; the kernel's path only)."""
+    if takes_splash(path, q.shape[2 if heads_major else 1], mesh):
         say_path(f"splash kernel ({'sliding window, ' if window else ''}"
                  f"{'documents apart' if documents is not None else 'documents together'})")
         segments = document_ids(None, attend, None) if documents is None else documents
-        return splash.attention(q, k, v, segments, window, mesh)
+        return splash.attention(q, k, v, segments, window, mesh, heads_major=heads_major)
+    if heads_major:
+        raise ValueError(f"attention path {path!r} on {q.shape[2]} tokens is not the splash kernel: heads-major "
+                         "inputs are the kernel's alone")
     return fused_attention(q, k, v, attend, path, documents, window, mesh)
 
 

@@ -137,12 +137,14 @@ class LayerNorm(keras.layers.LayerNormalization):
         return (x * scale + shift).astype(self.compute_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def shared_input_projections(x, kernels, biases, for_gpu: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def shared_input_projections(x, kernels, biases, for_gpu: bool, heads: int | None = None):
     """``x @ kernel + bias`` for each pair (``biases`` None: no biases; a bias None: none for that product, and no
     reduction for its gradient), then ``x`` itself: one input projected several
     ways (the query, key and value), whose gradient adds each projection's input gradient to the running total as
-    ``product + total`` when compiled ``for_gpu`` (the caller asks :func:`.devices.target_platform`).
+    ``product + total`` when compiled ``for_gpu`` (the caller asks :func:`.devices.target_platform`). ``heads``: each
+    product written as ``[..., heads, length, head_size]`` by one einsum (the splash kernel's order,
+    :data:`.splash.HEADS_MAJOR`), not ``[..., length, heads * head_size]``.
 
     The input's gradient is four terms (three products ``grad @ kernel.T`` and what the other readers of ``x`` pass
     back through the returned ``x``). Autodiff adds them as ``total + product``; of that order the GPU compiler's
@@ -155,30 +157,53 @@ def shared_input_projections(x, kernels, biases, for_gpu: bool):
     so that their gradient arrives here.
     """
     biases = (None,) * len(kernels) if biases is None else biases
-    return (*(_projection(x, k, b) for k, b in zip(kernels, biases, strict=True)), x)
+    return (*(_projection(x, k, b, heads) for k, b in zip(kernels, biases, strict=True)), x)
 
 
-def _projection(x, kernel, bias):
-    product = jnp.matmul(x, kernel)
-    return product if bias is None else product + bias
+def _by_heads(kernel, heads: int):
+    """``[features, heads * head_size]`` -> ``[features, heads, head_size]``."""
+    return kernel.reshape(kernel.shape[0], heads, kernel.shape[1] // heads)
 
 
-def _shared_input_projections_forward(x, kernels, biases, for_gpu):
-    return shared_input_projections(x, kernels, biases, for_gpu), (x, kernels, biases)  # None stays None (no leaves)
+def _projection(x, kernel, bias, heads=None):
+    if heads is None:
+        product = jnp.matmul(x, kernel)
+        return product if bias is None else product + bias
+    product = jnp.einsum("...ld,dhk->...hlk", x, _by_heads(kernel, heads))
+    return product if bias is None else product + bias.reshape(heads, 1, -1)
 
 
-def _shared_input_projections_backward(for_gpu, residuals, cotangents):
+def _shared_input_projections_forward(x, kernels, biases, for_gpu, heads):
+    return shared_input_projections(x, kernels, biases, for_gpu, heads), (x, kernels, biases)  # None stays None
+
+
+def _shared_input_projections_backward(for_gpu, heads, residuals, cotangents):
     x, kernels, biases = residuals
     *grads, total = cotangents
     features, leading = x.ndim - 1, tuple(range(x.ndim - 1))
     for grad, kernel in zip(reversed(grads), reversed(kernels), strict=True):
-        product = jax.lax.dot_general(grad, kernel, (((features,), (1,)), ((), ())))
+        product = (jax.lax.dot_general(grad, kernel, (((features,), (1,)), ((), ()))) if heads is None
+                   else jnp.einsum("...hlk,dhk->...ld", grad, _by_heads(kernel, heads)))
         total = product + total if for_gpu else total + product  # the order each compiler does best with
-    kernel_grads = tuple(jax.lax.dot_general(x, grad, ((leading, leading), ((), ()))) for grad in grads)
+    if heads is None:
+        kernel_grads = tuple(jax.lax.dot_general(x, grad, ((leading, leading), ((), ()))) for grad in grads)
+        summed = leading
+    else:
+        kernel_grads = tuple(jnp.einsum("...ld,...hlk->dhk", x, grad).reshape(kernel.shape)
+                             for grad, kernel in zip(grads, kernels, strict=True))
+        summed = (*range(x.ndim - 2), x.ndim - 1)  # all but the heads and head_size axes of [..., h, l, k]
     bias_grads = None if biases is None else tuple(
-        None if bias is None else jnp.sum(grad, axis=leading, dtype=jnp.float32).astype(grad.dtype)
+        None if bias is None else jnp.sum(grad, axis=summed, dtype=jnp.float32).astype(grad.dtype).reshape(bias.shape)
         for grad, bias in zip(grads, biases, strict=True))
     return total.astype(x.dtype), kernel_grads, bias_grads
 
 
 shared_input_projections.defvjp(_shared_input_projections_forward, _shared_input_projections_backward)
+
+
+def heads_output(context, kernel, bias=None):
+    """``[..., heads, length, head_size]`` (the splash kernel's order) projected by a dense layer's ``kernel``
+    ``[heads * head_size, units]`` (and ``bias``) to ``[..., length, units]`` in one einsum, no transpose first."""
+    heads, size = context.shape[-3], context.shape[-1]
+    out = jnp.einsum("...hlk,hkd->...ld", context, kernel.reshape(heads, size, kernel.shape[-1]))
+    return out if bias is None else out + bias

@@ -27,10 +27,18 @@ from keras import ops  # noqa: E402
 
 from ..models.bert_config import TANH_GELU_NAMES, BertConfig  # noqa: E402
 from ..models.weight_names import NSP_WEIGHTS  # noqa: E402
-from .attention import attention_mask, attention_path, explicit_attention, masked_attention, say_path  # noqa: E402
+from . import splash  # noqa: E402
+from .attention import (  # noqa: E402
+    attention_mask,
+    attention_path,
+    explicit_attention,
+    masked_attention,
+    say_path,
+    takes_splash,
+)
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, exact_gelu, shared_input_projections, tanh_gelu  # noqa: E402
+from .lean_layers import LayerNorm, exact_gelu, heads_output, shared_input_projections, tanh_gelu  # noqa: E402
 from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows, pads_logits, tied_logits  # noqa: E402
 
 
@@ -130,14 +138,20 @@ class TransformerBlock(keras.layers.Layer):
 
     def context(self, x, attend, documents=None, training=False, mesh=None):
         """``(the attention context [batch, length, hidden] before the output projection, x)``: ``x`` as returned by
-        :func:`~.lean_layers.shared_input_projections`, for the residual (its gradient then joins the projections')."""
+        :func:`~.lean_layers.shared_input_projections`, for the residual (its gradient then joins the projections').
+        Where the splash kernel runs, the context is its ``[batch, heads, length, head_size]`` (:data:`.splash.
+        HEADS_MAJOR`), which :meth:`residual_norm` projects as it is."""
         projections = (self.query, self.key, self.value)
         # The key's bias adds q . bias to every score of a query's row: softmax does not see it (its gradient is
         # exactly zero), so it is left out, and with it a reduction per block in the backward pass.
+        heads_major = (splash.HEADS_MAJOR and not self.explicit(training)
+                       and takes_splash(self.attention, x.shape[1], mesh))
         q, k, v, x = shared_input_projections(x, tuple(ops.cast(p.kernel, x.dtype) for p in projections),
                                               (ops.cast(self.query.bias, x.dtype), None,
                                                ops.cast(self.value.bias, x.dtype)),
-                                              target_platform(mesh) == "gpu")
+                                              target_platform(mesh) == "gpu", self.heads if heads_major else None)
+        if heads_major:  # the splash kernel's order in and out: no reshapes and transposes around it
+            return masked_attention(q, k, v, attend, documents, None, self.attention, mesh, heads_major=True), x
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if self.explicit(training):
             say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
@@ -169,6 +183,9 @@ class TransformerBlock(keras.layers.Layer):
         """``norm(x + dropout(dense(inputs)))``. Where the norm is the GPU's kernels and no dropout acts, the dense
         layer's bias is added by the norm's kernels, which sum its gradient in their backward pass, not by its GEMM
         (whose bias gradient XLA sums in a reduction of its own: 24 per BERT-base step)."""
+        if inputs.ndim == 4:  # the splash kernel's [batch, heads, length, head_size]
+            projected = heads_output(inputs, ops.cast(dense.kernel, inputs.dtype), ops.cast(dense.bias, inputs.dtype))
+            return norm(x + dropout(projected, training=training), mesh=mesh)
         if norm.kernels_apply(x, mesh) and not (training and dropout.rate > 0):
             return norm(x + ops.matmul(inputs, ops.cast(dense.kernel, inputs.dtype)), mesh=mesh,
                         bias=ops.cast(dense.bias, inputs.dtype))

@@ -39,16 +39,18 @@ from keras import ops  # noqa: E402
 
 from ..errors import UserInputError  # noqa: E402
 from ..models.modernbert_config import ModernBertConfig  # noqa: E402
+from . import splash  # noqa: E402
 from .attention import (  # noqa: E402
     attention_mask,
     attention_path,
     explicit_attention,
     masked_attention,
     say_path,
+    takes_splash,
 )
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, shared_input_projections  # noqa: E402
+from .lean_layers import LayerNorm, heads_output, shared_input_projections  # noqa: E402
 from .lookups import TokenEmbedding, pads_logits, tied_logits  # noqa: E402
 from .model import TiedLogits, activation, one_hot_rows  # noqa: E402
 
@@ -84,15 +86,30 @@ def rotary_tables(length: int, head_size: int, theta: float) -> tuple[np.ndarray
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def apply_rotary(x, cos, sin):
-    """Rotate ``[batch, length, heads, head_size]`` by position (the halves' convention), in float32; ``cos`` and
-    ``sin`` are ``[length, head_size]`` (positions 0..length-1) or ``[batch, length, head_size]`` (per token)."""
+def apply_rotary(x, cos, sin, heads_major: bool = False):
+    """Rotate ``[batch, length, heads, head_size]`` (``heads_major``: ``[batch, heads, length, head_size]``) by
+    position (the halves' convention), in float32; ``cos`` and ``sin`` are ``[length, head_size]`` (positions
+    0..length-1) or ``[batch, length, head_size]`` (per token)."""
     dtype, x = x.dtype, x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
-    return (x * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(dtype)
+    cos, sin = (t[:, None] if heads_major else t[:, :, None] for t in (cos, sin))
+    return (x * cos + rotated * sin).astype(dtype)
+
+
+def heads_major_qkv(dense: keras.layers.Dense, x, heads: int) -> tuple:
+    """``Wqkv``'s query, key and value of ``x`` ``[batch, length, hidden]``, each ``[batch, heads, length,
+    head_size]`` (the splash kernel's order: :data:`.splash.HEADS_MAJOR`), from one einsum with the kernel seen as
+    ``[hidden, 3, heads, head_size]``: its gradients are one product each, and the three parts are the result's
+    leading slices (no copies)."""
+    kernel = ops.cast(dense.kernel, x.dtype)
+    kernel = kernel.reshape(kernel.shape[0], 3, heads, kernel.shape[1] // (3 * heads))
+    qkv = jnp.einsum("...ld,dthk->t...hlk", x, kernel)
+    if dense.bias is not None:
+        qkv = qkv + ops.cast(dense.bias, x.dtype).reshape(3, *(1,) * (x.ndim - 2), heads, 1, kernel.shape[-1])
+    return qkv[0], qkv[1], qkv[2]
 
 
 def before_zero_tail(input_ids):
@@ -167,20 +184,28 @@ class ModernBertLayer(keras.layers.Layer):
         self.mlp_dropout = make.dropout(config.mlp_dropout)
 
     def build(self, input_shape):
-        """``Wqkv``'s weights (on a GPU read by :func:`column_blocks`, not called as a layer)."""
+        """``Wqkv``'s and ``Wo``'s weights (read, not called as layers: :func:`column_blocks` on a GPU, the einsums
+        of the splash kernel's order on a TPU)."""
         self.wqkv.build(input_shape)
+        self.attn_out.build(input_shape)
 
     def context(self, x, attend, documents, rope, training=False, mesh=None):
-        """The attention context ``[batch, length, hidden]`` before ``Wo``."""
+        """The attention context ``[batch, length, hidden]`` before ``Wo`` (where the splash kernel runs, its
+        ``[batch, heads, length, head_size]``, which :meth:`after_attention` projects as it is)."""
         batch, length, width = x.shape
         heads = (batch, length, self.heads, width // self.heads)
+        explicit = self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0)
+        if splash.HEADS_MAJOR and not explicit and takes_splash(self.attention, length, mesh):
+            q, k, v = heads_major_qkv(self.wqkv, x, self.heads)  # the kernel's order: no reshapes, no transposes
+            q, k = apply_rotary(q, *rope, heads_major=True), apply_rotary(k, *rope, heads_major=True)
+            return masked_attention(q, k, v, attend, documents, self.window, self.attention, mesh, heads_major=True)
         if target_platform(mesh) == "gpu":
             q, k, v = (ops.reshape(t, heads) for t in column_blocks(self.wqkv, x, 3))
         else:
             qkv = ops.reshape(self.wqkv(x), (batch, length, 3, *heads[2:]))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        if self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0):
+        if explicit:
             say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
             context = explicit_masked_attention(q, k, v, attention_mask(attend, documents, self.window),
                                                 self.probs_dropout, training)
@@ -201,7 +226,12 @@ class ModernBertLayer(keras.layers.Layer):
 
     def after_attention(self, x, context, training=False, mesh=None):
         """``Wo`` and the residual, then the MLP sublayer: for each row of ``x``."""
-        x = x + self.attn_dropout(self.attn_out(context), training=training)
+        if context.ndim == 4:  # the splash kernel's [batch, heads, length, head_size]
+            bias = None if self.attn_out.bias is None else ops.cast(self.attn_out.bias, context.dtype)
+            projected = heads_output(context, ops.cast(self.attn_out.kernel, context.dtype), bias)
+        else:
+            projected = self.attn_out(context)
+        x = x + self.attn_dropout(projected, training=training)
         gate_input, gate = ops.split(self.wi(self.mlp_norm(x, mesh=mesh)), 2, axis=-1)
         return x + self.mlp_out(self.mlp_dropout(self.gelu(gate_input) * gate, training=training))
 

@@ -15,15 +15,12 @@ Block sizes: the largest of 512, 256, 128 that divides the length (the kernel ne
 that is not a multiple of 128 cannot take the kernel. ``auto`` takes it from :data:`SHORTEST` tokens up
 (:func:`applies`): at 128, BERT's own length, XLA's attention is the faster path by the TPU compiler's own cost model
 (its ``estimated_cycles`` summed over the step: ``benchmarks/bench_step_variants.py --compile_for v5e-1 --variants
-base splash_attention``). The kernel wants each example's heads apart, so the projections and their gradients are
-copied into its layout and out of it, and it saves its log-sum-exp as ``[length, 128 lanes]`` float32, as large as
-the score matrix at 128. BERT-base at 128, batch 128, on a v5e-1 (jax 0.12.0.1, libtpu 0.0.50.1): 138.9 M cycles
-for the step outside the kernel (22.0 M of them copies), against 127.3 M for the whole step on XLA's path, 0.92x
-even if the kernel took no time (with the head size on the lanes, :data:`QKV_LAYOUT`'s other form, 146.6 M; then on
-a v6e-1 88.9 M against 68.8 M, and on a v5e-8 at 32 per chip, whose copies stay in VMEM, 36.2 M against 34.4 M). At
-256 (batch 64) the two were about even with the head size on the lanes, 147.4 M plus the kernel against 151.2 M; at
-512 (batch 32) the kernel's path is ahead, 140.3 M plus the kernel against 195.2 M. Estimates, not measurements:
-there is no TPU here.
+base splash_attention``). BERT-base at 128, batch 128, on a v5e-1 (jax 0.12.0.1, libtpu 0.0.50.1): 124.3 M cycles
+for the step outside the kernel against 127.3 M for the whole step on XLA's path, so the kernel would have to run
+its ~0.32 TFLOP per step at 81% of the chip's peak, half of it contracting over the head size (64 of the MXU's 128
+rows); it also saves its log-sum-exp as ``[length, 128 lanes]`` float32, as large as the score matrix at 128. At
+256 (batch 64) the kernel's path is 125.6 M plus the kernel against 151.9 M, at 512 (batch 32) 125.4 M plus the
+kernel against 195.2 M. Estimates, not measurements: there is no TPU here (docs/tpus.md has the table).
 
 Off a TPU, ``interpret=True`` runs the same kernel in Pallas's interpreter (slow; tests only). Tolerances against the
 XLA path with the same masks, measured by ``tests/jax_backend/test_splash_attention.py``: float32 forward 2e-5 and
@@ -52,6 +49,12 @@ SHORTEST = 256  # auto's shortest length for the kernel: below it XLA's attentio
 # 512 tokens, batch 32, on a v5e by the TPU compiler's cost model (the kernel's own time not counted): 4.95 -> 4.15 M
 # cycles, 395 -> 315 MiB of temporaries; ModernBERT-base's step at 1,024 on a v5e-8 (32 per chip) 1,035.9 -> 805.1 M.
 QKV_LAYOUT = kernels.QKVLayout.SEQ_MINOR
+# The models project their inputs straight into the kernel's order, ``[batch, heads, length, head_size]`` (an einsum
+# per projection), and project its output from that order, where they made ``[batch, length, hidden]`` products and
+# reshaped and transposed them into it and out (copies XLA writes out). BERT-base's step at 512, batch 32, v5e-1, by
+# the TPU compiler's cost model, the kernel's own time not counted: 140.3 -> 125.4 M cycles (copies 22.1 -> 7.8 M);
+# ModernBERT-base's at 1,024 on a v5e-8 (32 per chip): 805.1 -> 615.3 M, 1.31x.
+HEADS_MAJOR = True
 
 
 def applies(length: int, mesh=None) -> bool:
@@ -78,25 +81,32 @@ def kernel(length: int, heads: int, window: int | None, interpret: bool):
     sizes = kernels.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                                block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block,
                                q_layout=QKV_LAYOUT, k_layout=QKV_LAYOUT, v_layout=QKV_LAYOUT)
-    return kernels.make_splash_mha(masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
-                                   q_seq_shards=1, interpret=interpret)
+    # built outside any trace: the kernel keeps its mask's blocks as arrays, which a build inside a jit's trace would
+    # make that trace's values (jax 0.12 stages jnp.array there), and this cache would hand them to the next trace
+    with jax.ensure_compile_time_eval():
+        return kernels.make_splash_mha(masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
+                                       q_seq_shards=1, interpret=interpret)
 
 
-def attention(q, k, v, segments, window: int | None = None, mesh=None, axis: str | None = None):
-    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays in which a token attends only
-    to tokens of its own segment (``segments``: ``[batch, length]`` int32) within ``window`` positions (None: all);
-    the inputs' dtype out. ``mesh`` with more than one device: run per chip, the examples split along ``axis``."""
-    batch, length, heads, head_size = q.shape
+def attention(q, k, v, segments, window: int | None = None, mesh=None, axis: str | None = None,
+              heads_major: bool = False):
+    """Scaled dot-product attention of ``[batch, length, heads, head_size]`` arrays (``heads_major``: ``[batch,
+    heads, length, head_size]``, the kernel's own order, in and out: :data:`HEADS_MAJOR`) in which a token attends
+    only to tokens of its own segment (``segments``: ``[batch, length]`` int32) within ``window`` positions (None:
+    all); the inputs' dtype out. ``mesh`` with more than one device: run per chip, the examples split along ``axis``."""
+    heads_axis = 1 if heads_major else 2
+    length, heads, head_size = q.shape[3 - heads_axis], q.shape[heads_axis], q.shape[-1]
     interpret = target_platform(mesh) != "tpu"
     run = kernel(length, heads, window, interpret)
     scale = 1.0 / float(head_size) ** 0.5
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
 
     def per_example(q, k, v, segments):
-        q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # [batch, heads, length, head_size]
+        if not heads_major:
+            q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # [batch, heads, length, head_size]
         ids = kernels.SegmentIds(q=segments, kv=segments)
-        out = jax.vmap(run, in_axes=(0, 0, 0, kernels.SegmentIds(q=0, kv=0)))(q, k, v, ids)
-        return jnp.swapaxes(out, 1, 2).astype(v.dtype)
+        out = jax.vmap(run, in_axes=(0, 0, 0, kernels.SegmentIds(q=0, kv=0)))(q, k, v, ids).astype(v.dtype)
+        return out if heads_major else jnp.swapaxes(out, 1, 2)
 
     segments = segments.astype(jnp.int32)
     if mesh is None or mesh.devices.size == 1:
