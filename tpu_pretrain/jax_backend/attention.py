@@ -86,8 +86,17 @@ def attention_mask(attend, documents=None, window: int | None = None, rows=None)
     return mask
 
 
-def takes_splash(path: str, length: int, mesh=None) -> bool:
-    """Whether :func:`masked_attention` runs the splash kernel on ``length`` tokens along ``path``."""
+def takes_splash(path: str, length: int, head_size: int, mesh=None) -> bool:
+    """Whether :func:`masked_attention` runs the splash kernel on ``length`` tokens of heads of ``head_size`` along
+    ``path``; ``splash`` where this JAX's kernel cannot take that head size is refused, naming the setting."""
+    if path == "splash" and not splash.takes_head_size(head_size):
+        raise UserInputError(
+            f"TPU_PRETRAIN_ATTENTION=splash: the splash kernel of this JAX ({jax.__version__}) takes head sizes that "
+            f"are multiples of 128, not {head_size} (hidden size / attention heads); use auto or xla (XLA's "
+            "attention), or jax 0.7.2 or later, whose kernel takes any.")
+    if path == "auto" and splash.applies(length, mesh) and not splash.takes_head_size(head_size):
+        say_path(f"XLA's (this JAX's splash kernel, {jax.__version__}, does not take heads of size {head_size})")
+        return False
     return path == "splash" or (path == "auto" and splash.applies(length, mesh))
 
 
@@ -97,7 +106,7 @@ def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "
     ``documents``, else padding against the rest), else :func:`fused_attention` under the same mask.
     ``heads_major``: ``q``, ``k``, ``v`` and the result are ``[batch, heads, length, head_size]``, the splash
     kernel's order (:data:`.splash.HEADS_MAJOR`; the kernel's path only)."""
-    if takes_splash(path, q.shape[2 if heads_major else 1], mesh):
+    if takes_splash(path, q.shape[2 if heads_major else 1], q.shape[-1], mesh):
         say_path(f"splash kernel ({'sliding window, ' if window else ''}"
                  f"{'documents apart' if documents is not None else 'documents together'})")
         segments = document_ids(None, attend, None) if documents is None else documents

@@ -145,7 +145,7 @@ class TransformerBlock(keras.layers.Layer):
         # The key's bias adds q . bias to every score of a query's row: softmax does not see it (its gradient is
         # exactly zero), so it is left out, and with it a reduction per block in the backward pass.
         heads_major = (splash.HEADS_MAJOR and not self.explicit(training)
-                       and takes_splash(self.attention, x.shape[1], mesh))
+                       and takes_splash(self.attention, x.shape[1], x.shape[-1] // self.heads, mesh))
         q, k, v, x = shared_input_projections(x, tuple(ops.cast(p.kernel, x.dtype) for p in projections),
                                               (ops.cast(self.query.bias, x.dtype), None,
                                                ops.cast(self.value.bias, x.dtype)),

@@ -195,7 +195,7 @@ class ModernBertLayer(keras.layers.Layer):
         batch, length, width = x.shape
         heads = (batch, length, self.heads, width // self.heads)
         explicit = self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0)
-        if splash.HEADS_MAJOR and not explicit and takes_splash(self.attention, length, mesh):
+        if splash.HEADS_MAJOR and not explicit and takes_splash(self.attention, length, width // self.heads, mesh):
             q, k, v = heads_major_qkv(self.wqkv, x, self.heads)  # the kernel's order: no reshapes, no transposes
             q, k = apply_rotary(q, *rope, heads_major=True), apply_rotary(k, *rope, heads_major=True)
             return masked_attention(q, k, v, attend, documents, self.window, self.attention, mesh, heads_major=True)

@@ -58,9 +58,23 @@ HEADS_MAJOR = True
 
 
 def applies(length: int, mesh=None) -> bool:
-    """Whether ``auto`` takes the kernel: compiled for a TPU, the length a multiple of 128 and at least
-    :data:`SHORTEST` (the module's docstring says why)."""
+    """Whether ``auto`` takes the kernel at ``length``: compiled for a TPU, the length a multiple of 128 and at least
+    :data:`SHORTEST` (the module's docstring says why); the head size is :func:`takes_head_size`'s question."""
     return target_platform(mesh) == "tpu" and length % LANES == 0 and length >= SHORTEST
+
+
+@functools.lru_cache(maxsize=8)
+def takes_head_size(head_size: int) -> bool:
+    """Whether this JAX's kernel takes heads of ``head_size``: jax 0.6.2's (Kaggle's TPU image) wants a multiple of
+    128 and refuses BERT-base's and ModernBERT-base's 64 as it traces (NotImplementedError); jax 0.7.2's (Colab's)
+    and later take any. Asked of the kernel itself: its forward and backward traced on one block, shapes only."""
+    q = jax.ShapeDtypeStruct((1, LANES, 1, head_size), jnp.bfloat16)
+    segments = jax.ShapeDtypeStruct((1, LANES), jnp.int32)
+    try:
+        jax.eval_shape(jax.grad(lambda q, s: attention(q, q, q, s).astype(jnp.float32).sum()), q, segments)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def block_size(length: int) -> int:
