@@ -201,6 +201,18 @@ def _shared_input_projections_backward(for_gpu, heads, residuals, cotangents):
 shared_input_projections.defvjp(_shared_input_projections_forward, _shared_input_projections_backward)
 
 
+def heads_major_parts(x, kernel, bias, parts: int, heads: int) -> tuple:
+    """``x @ kernel + bias`` (``[..., length, features]`` by ``[features, parts * heads * head_size]``: ModernBERT's
+    ``Wqkv``) as ``parts`` arrays of ``[..., heads, length, head_size]`` (the splash kernel's order,
+    :data:`.splash.HEADS_MAJOR`), from one einsum with the kernel seen as ``[features, parts, heads, head_size]``:
+    its gradients are one product each, and the parts are the result's leading slices (no copies)."""
+    kernel = kernel.reshape(kernel.shape[0], parts, heads, kernel.shape[1] // (parts * heads))
+    product = jnp.einsum("...ld,dthk->t...hlk", x, kernel)
+    if bias is not None:
+        product = product + bias.reshape(parts, *(1,) * (x.ndim - 2), heads, 1, kernel.shape[-1])
+    return tuple(product[i] for i in range(parts))
+
+
 def heads_output(context, kernel, bias=None):
     """``[..., heads, length, head_size]`` (the splash kernel's order) projected by a dense layer's ``kernel``
     ``[heads * head_size, units]`` (and ``bias``) to ``[..., length, units]`` in one einsum, no transpose first."""

@@ -139,8 +139,8 @@ class TransformerBlock(keras.layers.Layer):
     def context(self, x, attend, documents=None, training=False, mesh=None):
         """``(the attention context [batch, length, hidden] before the output projection, x)``: ``x`` as returned by
         :func:`~.lean_layers.shared_input_projections`, for the residual (its gradient then joins the projections').
-        Where the splash kernel runs, the context is its ``[batch, heads, length, head_size]`` (:data:`.splash.
-        HEADS_MAJOR`), which :meth:`residual_norm` projects as it is."""
+        Where the splash kernel runs, the context is its ``[batch, heads, length, head_size]``
+        (:data:`.splash.HEADS_MAJOR`), which :meth:`residual_norm` projects as it is."""
         projections = (self.query, self.key, self.value)
         # The key's bias adds q . bias to every score of a query's row: softmax does not see it (its gradient is
         # exactly zero), so it is left out, and with it a reduction per block in the backward pass.

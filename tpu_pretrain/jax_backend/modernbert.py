@@ -50,7 +50,7 @@ from .attention import (  # noqa: E402
 )
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, heads_output, shared_input_projections  # noqa: E402
+from .lean_layers import LayerNorm, heads_major_parts, heads_output, shared_input_projections  # noqa: E402
 from .lookups import TokenEmbedding, pads_logits, tied_logits  # noqa: E402
 from .model import TiedLogits, activation, one_hot_rows  # noqa: E402
 
@@ -97,19 +97,6 @@ def apply_rotary(x, cos, sin, heads_major: bool = False):
         cos, sin = cos[None], sin[None]
     cos, sin = (t[:, None] if heads_major else t[:, :, None] for t in (cos, sin))
     return (x * cos + rotated * sin).astype(dtype)
-
-
-def heads_major_qkv(dense: keras.layers.Dense, x, heads: int) -> tuple:
-    """``Wqkv``'s query, key and value of ``x`` ``[batch, length, hidden]``, each ``[batch, heads, length,
-    head_size]`` (the splash kernel's order: :data:`.splash.HEADS_MAJOR`), from one einsum with the kernel seen as
-    ``[hidden, 3, heads, head_size]``: its gradients are one product each, and the three parts are the result's
-    leading slices (no copies)."""
-    kernel = ops.cast(dense.kernel, x.dtype)
-    kernel = kernel.reshape(kernel.shape[0], 3, heads, kernel.shape[1] // (3 * heads))
-    qkv = jnp.einsum("...ld,dthk->t...hlk", x, kernel)
-    if dense.bias is not None:
-        qkv = qkv + ops.cast(dense.bias, x.dtype).reshape(3, *(1,) * (x.ndim - 2), heads, 1, kernel.shape[-1])
-    return qkv[0], qkv[1], qkv[2]
 
 
 def before_zero_tail(input_ids):
@@ -196,7 +183,8 @@ class ModernBertLayer(keras.layers.Layer):
         heads = (batch, length, self.heads, width // self.heads)
         explicit = self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0)
         if splash.HEADS_MAJOR and not explicit and takes_splash(self.attention, length, width // self.heads, mesh):
-            q, k, v = heads_major_qkv(self.wqkv, x, self.heads)  # the kernel's order: no reshapes, no transposes
+            bias = None if self.wqkv.bias is None else ops.cast(self.wqkv.bias, x.dtype)
+            q, k, v = heads_major_parts(x, ops.cast(self.wqkv.kernel, x.dtype), bias, 3, self.heads)
             q, k = apply_rotary(q, *rope, heads_major=True), apply_rotary(k, *rope, heads_major=True)
             return masked_attention(q, k, v, attend, documents, self.window, self.attention, mesh, heads_major=True)
         if target_platform(mesh) == "gpu":
