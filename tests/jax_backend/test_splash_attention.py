@@ -66,7 +66,7 @@ def test_splash_equals_xla_with_documents(dtype, window):
 def test_a_kernel_built_inside_one_trace_serves_the_next():
     """The kernels are cached per shape; one first built while a jit traces (the training step) must serve the next
     trace (the evaluation step, a shorter call) too: before the build was kept out of traces, the second call raised
-    UnexpectedTracerError (jax 0.11.2 and 0.12.0.1: the mask's arrays were the first trace's values)."""
+    UnexpectedTracerError (jax 0.7.2, 0.11.2 and 0.12.0.1: the mask's arrays were the first trace's values)."""
     splash.kernel.cache_clear()
     q = jnp.asarray(np.random.default_rng(0).standard_normal((1, L, H, D)), jnp.float32)
     segments = document_ids(row(), row() != 0, SEP)
@@ -115,8 +115,8 @@ def test_the_models_on_the_kernels_path_equal_xlas(family):
     from tpu_pretrain.models.bert_config import bert_config_for_size
     from tpu_pretrain.models.modernbert_config import ModernBertConfig
 
-    ids = np.concatenate([np.asarray(row()), np.asarray(row())[:, ::-1]])  # the second: padding first, then text
-    ids[1] = np.roll(ids[1], -27)
+    ids = np.concatenate([np.asarray(row()), np.asarray(row())[:, ::-1]])
+    ids[1] = np.roll(ids[1], -27)  # the same tokens reversed, then the padding: documents of other lengths
     positions = np.tile(np.array([[5, 30, 70, 99]], np.int32), (2, 1))
     if family == "bert":
         config = bert_config_for_size("L2-H128", 64)

@@ -94,10 +94,12 @@ def takes_splash(path: str, length: int, head_size: int, mesh=None) -> bool:
             f"TPU_PRETRAIN_ATTENTION=splash: the splash kernel of this JAX ({jax.__version__}) takes head sizes that "
             f"are multiples of 128, not {head_size} (hidden size / attention heads); use auto or xla (XLA's "
             "attention), or jax 0.7.2 or later, whose kernel takes any.")
-    if path == "auto" and splash.applies(length, mesh) and not splash.takes_head_size(head_size):
+    if not (path == "splash" or (path == "auto" and splash.applies(length, mesh))):
+        return False
+    if not splash.takes_head_size(head_size):  # auto's
         say_path(f"XLA's (this JAX's splash kernel, {jax.__version__}, does not take heads of size {head_size})")
         return False
-    return path == "splash" or (path == "auto" and splash.applies(length, mesh))
+    return True
 
 
 def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None,

@@ -96,7 +96,7 @@ def kernel(length: int, heads: int, window: int | None, interpret: bool):
                                block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block,
                                q_layout=QKV_LAYOUT, k_layout=QKV_LAYOUT, v_layout=QKV_LAYOUT)
     # built outside any trace: the kernel keeps its mask's blocks as arrays, which a build inside a jit's trace would
-    # make that trace's values (jax 0.12 stages jnp.array there), and this cache would hand them to the next trace
+    # make that trace's values (jax 0.7.2 and later stage jnp.array there), and this cache would hand them on
     with jax.ensure_compile_time_eval():
         return kernels.make_splash_mha(masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
                                        q_seq_shards=1, interpret=interpret)
@@ -108,8 +108,7 @@ def attention(q, k, v, segments, window: int | None = None, mesh=None, axis: str
     heads, length, head_size]``, the kernel's own order, in and out: :data:`HEADS_MAJOR`) in which a token attends
     only to tokens of its own segment (``segments``: ``[batch, length]`` int32) within ``window`` positions (None:
     all); the inputs' dtype out. ``mesh`` with more than one device: run per chip, the examples split along ``axis``."""
-    heads_axis = 1 if heads_major else 2
-    length, heads, head_size = q.shape[3 - heads_axis], q.shape[heads_axis], q.shape[-1]
+    _, heads, length, head_size = q.shape if heads_major else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
     interpret = target_platform(mesh) != "tpu"
     run = kernel(length, heads, window, interpret)
     scale = 1.0 / float(head_size) ** 0.5
