@@ -63,6 +63,37 @@ def test_splash_equals_xla_with_documents(dtype, window):
                                    atol=backward, rtol=0, err_msg=f"d{name}")
 
 
+def test_heads_a_kernel_refuses_are_padded_and_give_the_same_attention(monkeypatch):
+    """Where this JAX's kernel refuses the head size (jax 0.6.2's, Kaggle's image: multiples of 128 only; here that
+    refusal stood in for, the padding itself computed), the heads go in zero-padded to 128 and come out sliced: the
+    same outputs and gradients as XLA's attention, documents apart, within float32's tolerances. (Kaggle's own
+    kernel, interpreted, checked so by hand: gradients within 1e-6 for heads of 32 and 64 padded to 128.)"""
+    monkeypatch.setattr(splash, "takes_head_size", lambda size: size % splash.LANES == 0)
+    assert splash.kernel_head_size(D) == 128 and splash.kernel_head_size(256) == 256
+    ids = row()
+    attend = ids != 0
+    documents = document_ids(ids, attend, SEP)
+    rng = np.random.default_rng(4)
+    q, k, v, weight = (jnp.asarray(rng.standard_normal((1, L, H, D)), jnp.float32) for _ in range(4))
+    real = np.asarray(attend[0])
+
+    def outputs(path):
+        def f(q, k, v):
+            out = masked_attention(q, k, v, attend, documents, None, path)
+            return jnp.sum(out * weight * attend[:, :, None, None]), out
+        return jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    padded = str(jax.make_jaxpr(lambda q: masked_attention(q, k, v, attend, documents, None, "splash"))(q))
+    assert "pad[" in padded and f"f32[1,{H},{L},128]" in padded  # the kernel gets heads of 128
+    (_, ours), grads = outputs("splash")
+    (_, theirs), expected = outputs("xla")
+    forward, backward = TOLERANCES[jnp.float32]
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(np.asarray(ours)[0, real], np.asarray(theirs)[0, real], atol=forward, rtol=0)
+    for a, b in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(a)[0, real], np.asarray(b)[0, real], atol=backward, rtol=0)
+
+
 def test_a_kernel_built_inside_one_trace_serves_the_next():
     """The kernels are cached per shape; one first built while a jit traces (the training step) must serve the next
     trace (the evaluation step, a shorter call) too: before the build was kept out of traces, the second call raised

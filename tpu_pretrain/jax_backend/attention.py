@@ -88,18 +88,18 @@ def attention_mask(attend, documents=None, window: int | None = None, rows=None)
 
 def takes_splash(path: str, length: int, head_size: int, mesh=None) -> bool:
     """Whether :func:`masked_attention` runs the splash kernel on ``length`` tokens of heads of ``head_size`` along
-    ``path``; ``splash`` where this JAX's kernel cannot take that head size is refused, naming the setting."""
-    if path == "splash" and not splash.takes_head_size(head_size):
-        raise UserInputError(
-            f"TPU_PRETRAIN_ATTENTION=splash: the splash kernel of this JAX ({jax.__version__}) takes head sizes that "
-            f"are multiples of 128, not {head_size} (hidden size / attention heads); use auto or xla (XLA's "
-            "attention), or jax 0.7.2 or later, whose kernel takes any.")
-    if not (path == "splash" or (path == "auto" and splash.applies(length, mesh))):
+    ``path``: ``auto`` where :func:`.splash.applies`, and where this JAX's kernel takes those heads only padded
+    (:func:`.splash.kernel_head_size`: Kaggle's image) from :data:`.splash.SHORTEST_PADDED` tokens up."""
+    if path == "splash":
+        return True
+    if path != "auto" or not splash.applies(length, mesh):
         return False
-    if not splash.takes_head_size(head_size):  # auto's
-        say_path(f"XLA's (this JAX's splash kernel, {jax.__version__}, does not take heads of size {head_size})")
-        return False
-    return True
+    size = splash.kernel_head_size(head_size)
+    if size == head_size or length >= splash.SHORTEST_PADDED:
+        return True
+    say_path(f"XLA's (this JAX's splash kernel, {jax.__version__}, takes heads of size {head_size} only padded to "
+             f"{size}, which pays from {splash.SHORTEST_PADDED} tokens)")
+    return False
 
 
 def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "auto", mesh=None,
@@ -109,8 +109,10 @@ def masked_attention(q, k, v, attend, documents=None, window=None, path: str = "
     ``heads_major``: ``q``, ``k``, ``v`` and the result are ``[batch, heads, length, head_size]``, the splash
     kernel's order (:data:`.splash.HEADS_MAJOR`; the kernel's path only)."""
     if takes_splash(path, q.shape[2 if heads_major else 1], q.shape[-1], mesh):
+        size, padded = q.shape[-1], splash.kernel_head_size(q.shape[-1])
         say_path(f"splash kernel ({'sliding window, ' if window else ''}"
-                 f"{'documents apart' if documents is not None else 'documents together'})")
+                 f"{'documents apart' if documents is not None else 'documents together'}"
+                 f"{f', heads of {size} padded to {padded} for this JAX' if padded != size else ''})")
         segments = document_ids(None, attend, None) if documents is None else documents
         return splash.attention(q, k, v, segments, window, mesh, heads_major=heads_major)
     if heads_major:

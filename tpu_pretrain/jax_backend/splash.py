@@ -44,6 +44,7 @@ from .devices import per_device, target_platform
 LANES = 128  # the kernel's blocks are multiples of this
 BLOCKS = (512, 256, 128)
 SHORTEST = 256  # auto's shortest length for the kernel: below it XLA's attention costs the step fewer cycles
+SHORTEST_PADDED = 512  # the same where this JAX's kernel takes the heads only padded (:func:`kernel_head_size`)
 # The kernel reads the queries, keys and values with the length on the chip's 128 lanes, not the head size (64 lanes
 # of 128 were padding, and XLA's copies into that layout cost more). One BERT-base layer's forward and backward at
 # 512 tokens, batch 32, on a v5e by the TPU compiler's cost model (the kernel's own time not counted): 4.95 -> 4.15 M
@@ -68,13 +69,24 @@ def takes_head_size(head_size: int) -> bool:
     """Whether this JAX's kernel takes heads of ``head_size``: jax 0.6.2's (Kaggle's TPU image) wants a multiple of
     128 and refuses BERT-base's and ModernBERT-base's 64 as it traces (NotImplementedError); jax 0.7.2's (Colab's)
     and later take any. Asked of the kernel itself: its forward and backward traced on one block, shapes only."""
-    q = jax.ShapeDtypeStruct((1, LANES, 1, head_size), jnp.bfloat16)
-    segments = jax.ShapeDtypeStruct((1, LANES), jnp.int32)
+    run = kernel(LANES, 1, None, target_platform() != "tpu")
+    q = jax.ShapeDtypeStruct((1, LANES, head_size), jnp.bfloat16)  # [heads, length, head_size]
+    ids = kernels.SegmentIds(q=jax.ShapeDtypeStruct((LANES,), jnp.int32), kv=jax.ShapeDtypeStruct((LANES,), jnp.int32))
     try:
-        jax.eval_shape(jax.grad(lambda q, s: attention(q, q, q, s).astype(jnp.float32).sum()), q, segments)
+        jax.eval_shape(jax.grad(lambda q, ids: run(q, q, q, ids).astype(jnp.float32).sum()), q, ids)
     except NotImplementedError:
         return False
     return True
+
+
+def kernel_head_size(head_size: int) -> int:
+    """The head size the kernel runs heads of ``head_size`` at: their own where this JAX's kernel takes it
+    (:func:`takes_head_size`), else zero-padded to the next multiple of 128, which leaves the scores and the outputs'
+    own columns as they are. On a v5e the padded products take the MXU's passes the unpadded ones took (a contraction
+    over 64 fills half its 128 rows either way); the padding and the slice back cost copies: BERT-base's step at
+    512 tokens, batch 32, v5e-1, 125.6 -> 146.4 M cycles by the TPU compiler's cost model (XLA's attention: 195.2),
+    temporaries 3.8 -> 4.5 GiB. So ``auto`` takes the padded kernel from :data:`SHORTEST_PADDED` tokens up."""
+    return head_size if takes_head_size(head_size) else -(-head_size // LANES) * LANES
 
 
 def block_size(length: int) -> int:
@@ -113,12 +125,16 @@ def attention(q, k, v, segments, window: int | None = None, mesh=None, axis: str
     run = kernel(length, heads, window, interpret)
     scale = 1.0 / float(head_size) ** 0.5
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    padding = [(0, 0)] * 3 + [(0, kernel_head_size(head_size) - head_size)]
 
     def per_example(q, k, v, segments):
         if not heads_major:
             q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # [batch, heads, length, head_size]
+        if padding[-1][1]:
+            q, k, v = (jnp.pad(t, padding) for t in (q, k, v))
         ids = kernels.SegmentIds(q=segments, kv=segments)
         out = jax.vmap(run, in_axes=(0, 0, 0, kernels.SegmentIds(q=0, kv=0)))(q, k, v, ids).astype(v.dtype)
+        out = out[..., :head_size]
         return out if heads_major else jnp.swapaxes(out, 1, 2)
 
     segments = segments.astype(jnp.int32)
