@@ -201,11 +201,18 @@ def _shared_input_projections_backward(for_gpu, heads, residuals, cotangents):
 shared_input_projections.defvjp(_shared_input_projections_forward, _shared_input_projections_backward)
 
 
-def heads_major_parts(x, kernel, bias, parts: int, heads: int) -> tuple:
-    """``x @ kernel + bias`` (``[..., length, features]`` by ``[features, parts * heads * head_size]``: ModernBERT's
+def dense_weights(dense: keras.layers.Dense, dtype) -> tuple:
+    """``(kernel, bias)``: a dense layer's weights cast to ``dtype`` (one cast each), the bias None without one."""
+    return (keras.ops.cast(dense.kernel, dtype),
+            None if dense.bias is None else keras.ops.cast(dense.bias, dtype))
+
+
+def heads_major_parts(x, dense: keras.layers.Dense, parts: int, heads: int) -> tuple:
+    """``dense(x)`` (``[..., length, features]`` by a kernel ``[features, parts * heads * head_size]``: ModernBERT's
     ``Wqkv``) as ``parts`` arrays of ``[..., heads, length, head_size]`` (the splash kernel's order,
     :data:`.splash.HEADS_MAJOR`), from one einsum with the kernel seen as ``[features, parts, heads, head_size]``:
     its gradients are one product each, and the parts are the result's leading slices (no copies)."""
+    kernel, bias = dense_weights(dense, x.dtype)
     kernel = kernel.reshape(kernel.shape[0], parts, heads, kernel.shape[1] // (parts * heads))
     product = jnp.einsum("...ld,dthk->t...hlk", x, kernel)
     if bias is not None:
@@ -213,9 +220,10 @@ def heads_major_parts(x, kernel, bias, parts: int, heads: int) -> tuple:
     return tuple(product[i] for i in range(parts))
 
 
-def heads_output(context, kernel, bias=None):
-    """``[..., heads, length, head_size]`` (the splash kernel's order) projected by a dense layer's ``kernel``
-    ``[heads * head_size, units]`` (and ``bias``) to ``[..., length, units]`` in one einsum, no transpose first."""
+def heads_output(context, dense: keras.layers.Dense):
+    """``[..., heads, length, head_size]`` (the splash kernel's order) projected by a dense layer (kernel ``[heads *
+    head_size, units]``) to ``[..., length, units]`` in one einsum, no transpose first."""
+    kernel, bias = dense_weights(dense, context.dtype)
     heads, size = context.shape[-3], context.shape[-1]
     out = jnp.einsum("...hlk,hkd->...ld", context, kernel.reshape(heads, size, kernel.shape[-1]))
     return out if bias is None else out + bias

@@ -184,8 +184,7 @@ class TransformerBlock(keras.layers.Layer):
         layer's bias is added by the norm's kernels, which sum its gradient in their backward pass, not by its GEMM
         (whose bias gradient XLA sums in a reduction of its own: 24 per BERT-base step)."""
         if inputs.ndim == 4:  # the splash kernel's [batch, heads, length, head_size]
-            projected = heads_output(inputs, ops.cast(dense.kernel, inputs.dtype), ops.cast(dense.bias, inputs.dtype))
-            return norm(x + dropout(projected, training=training), mesh=mesh)
+            return norm(x + dropout(heads_output(inputs, dense), training=training), mesh=mesh)
         if norm.kernels_apply(x, mesh) and not (training and dropout.rate > 0):
             return norm(x + ops.matmul(inputs, ops.cast(dense.kernel, inputs.dtype)), mesh=mesh,
                         bias=ops.cast(dense.bias, inputs.dtype))

@@ -50,7 +50,13 @@ from .attention import (  # noqa: E402
 )
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, heads_major_parts, heads_output, shared_input_projections  # noqa: E402
+from .lean_layers import (  # noqa: E402
+    LayerNorm,
+    dense_weights,
+    heads_major_parts,
+    heads_output,
+    shared_input_projections,
+)
 from .lookups import TokenEmbedding, pads_logits, tied_logits  # noqa: E402
 from .model import TiedLogits, activation, one_hot_rows  # noqa: E402
 
@@ -135,10 +141,9 @@ def column_blocks(dense: keras.layers.Dense, x, parts: int) -> tuple:
 def column_weights(dense: keras.layers.Dense, dtype, parts: int) -> tuple:
     """``(kernels, biases)``: ``dense``'s kernel and bias (None without one) cast to ``dtype`` (one cast each) and
     split into ``parts`` equal blocks of their columns."""
-    kernel, width = ops.cast(dense.kernel, dtype), dense.units // parts
+    (kernel, bias), width = dense_weights(dense, dtype), dense.units // parts
     kernels = tuple(kernel[:, i * width:(i + 1) * width] for i in range(parts))
-    biases = None if dense.bias is None else tuple(
-        ops.cast(dense.bias, dtype)[i * width:(i + 1) * width] for i in range(parts))
+    biases = None if bias is None else tuple(bias[i * width:(i + 1) * width] for i in range(parts))
     return kernels, biases
 
 
@@ -183,8 +188,7 @@ class ModernBertLayer(keras.layers.Layer):
         heads = (batch, length, self.heads, width // self.heads)
         explicit = self.attention == "explicit" or bool(training and self.probs_dropout.rate > 0)
         if splash.HEADS_MAJOR and not explicit and takes_splash(self.attention, length, width // self.heads, mesh):
-            bias = None if self.wqkv.bias is None else ops.cast(self.wqkv.bias, x.dtype)
-            q, k, v = heads_major_parts(x, ops.cast(self.wqkv.kernel, x.dtype), bias, 3, self.heads)
+            q, k, v = heads_major_parts(x, self.wqkv, 3, self.heads)
             q, k = apply_rotary(q, *rope, heads_major=True), apply_rotary(k, *rope, heads_major=True)
             return masked_attention(q, k, v, attend, documents, self.window, self.attention, mesh, heads_major=True)
         if target_platform(mesh) == "gpu":
@@ -214,11 +218,8 @@ class ModernBertLayer(keras.layers.Layer):
 
     def after_attention(self, x, context, training=False, mesh=None):
         """``Wo`` and the residual, then the MLP sublayer: for each row of ``x``."""
-        if context.ndim == 4:  # the splash kernel's [batch, heads, length, head_size]
-            bias = None if self.attn_out.bias is None else ops.cast(self.attn_out.bias, context.dtype)
-            projected = heads_output(context, ops.cast(self.attn_out.kernel, context.dtype), bias)
-        else:
-            projected = self.attn_out(context)
+        # the splash kernel's [batch, heads, length, head_size], else [batch, length, hidden]
+        projected = heads_output(context, self.attn_out) if context.ndim == 4 else self.attn_out(context)
         x = x + self.attn_dropout(projected, training=training)
         gate_input, gate = ops.split(self.wi(self.mlp_norm(x, mesh=mesh)), 2, axis=-1)
         return x + self.mlp_out(self.mlp_dropout(self.gelu(gate_input) * gate, training=training))
