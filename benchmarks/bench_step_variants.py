@@ -127,6 +127,11 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   before 2026-11-29, where the package projects into that order and out of it by einsums (``splash.HEADS_MAJOR``).
   For a TPU's compile at a length the kernel takes, as ``splash_head_minor``: BERT-base at 512, batch 32, v5e-1,
   125.4 M cycles for ``base`` against 140.3 M (copies 7.8 M against 22.1 M), the kernel's own not counted.
+- ``value_bias_on_values``: on the splash kernel's path, BERT's value bias added to the values, as before 2026-11-29,
+  where the package adds it after attention (``model.TransformerBlock.value_bias_after_attention``: ``b_o + b_v W_o``,
+  exact since softmax's rows sum to 1), so its gradient is a ``[hidden]`` product, not a reduction of the kernel's
+  value gradient (which the compiler cannot fuse into the kernel). For a TPU's compile at a length the kernel takes
+  (``--compile_for v5e-1 --steps 0 --seq 512 --pred 76 --batch 32``): 125.4 M cycles against 118.8 for ``base``.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
@@ -197,7 +202,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
            "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention",
-           "splash_head_minor", "splash_length_major")
+           "splash_head_minor", "splash_length_major", "value_bias_on_values")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -315,6 +320,8 @@ def variant(name: str) -> contextlib.ExitStack:
         from tpu_pretrain.jax_backend import splash
 
         patches.enter_context(mock.patch.object(splash, "HEADS_MAJOR", False))
+    if "value_bias_on_values" in changes:
+        patches.enter_context(mock.patch.object(model.TransformerBlock, "value_bias_moves", False))
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))

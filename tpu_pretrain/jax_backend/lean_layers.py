@@ -220,10 +220,12 @@ def heads_major_parts(x, dense: keras.layers.Dense, parts: int, heads: int) -> t
     return tuple(product[i] for i in range(parts))
 
 
-def heads_output(context, dense: keras.layers.Dense):
+def heads_output(context, dense: keras.layers.Dense, bias=None):
     """``[..., heads, length, head_size]`` (the splash kernel's order) projected by a dense layer (kernel ``[heads *
-    head_size, units]``) to ``[..., length, units]`` in one einsum, no transpose first."""
-    kernel, bias = dense_weights(dense, context.dtype)
+    head_size, units]``) to ``[..., length, units]`` in one einsum, no transpose first; ``bias`` (in the context's
+    dtype) for the layer's own where given."""
+    kernel, own = dense_weights(dense, context.dtype)
+    bias = own if bias is None else bias
     heads, size = context.shape[-3], context.shape[-1]
     out = jnp.einsum("...hlk,hkd->...ld", context, kernel.reshape(heads, size, kernel.shape[-1]))
     return out if bias is None else out + bias
