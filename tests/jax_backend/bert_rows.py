@@ -20,10 +20,11 @@ def batch():
     return ids, np.zeros((B, T), np.int32), positions
 
 
-def outputs_and_gradients(model, at_rows: bool = True):
-    """``model``'s outputs on :func:`batch` and each trainable weight's gradient; its last block at the loss's rows
-    (the package's way) or whole."""
+def outputs_and_gradients(model, at_rows: bool = True, length: int = T):
+    """``model``'s outputs on :func:`batch` (padded to ``length`` tokens) and each trainable weight's gradient; its
+    last block at the loss's rows (the package's way) or whole."""
     ids, segments, positions = batch()
+    ids, segments = (np.pad(a, ((0, 0), (0, length - T))) for a in (ids, segments))
     model.last_block_at_rows = at_rows
     non_trainable = [v.value for v in model.non_trainable_variables]
 

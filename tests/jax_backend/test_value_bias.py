@@ -17,9 +17,8 @@ if importlib.util.find_spec("tensorflow") is not None:
 if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
     pytest.skip("Keras already runs on another backend in this process", allow_module_level=True)
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from bert_rows import SEP, P, batch  # noqa: E402
+from bert_rows import SEP, P, outputs_and_gradients  # noqa: E402
 
 from tpu_pretrain.jax_backend.model import TransformerBlock, build_model  # noqa: E402
 from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
@@ -39,28 +38,12 @@ def model_with_biases(path: str, length: int, attention_dropout: float = 0.0):
     return model
 
 
-def outputs_and_gradients(model, length: int, at_rows: bool):
-    """The model's outputs on :func:`bert_rows.batch` padded to ``length`` and every weight's gradient."""
-    ids, segments, positions = batch()
-    ids = np.pad(ids, ((0, 0), (0, length - ids.shape[1])))
-    segments = np.zeros_like(ids)
-    model.last_block_at_rows = at_rows
-    non_trainable = [v.value for v in model.non_trainable_variables]
-
-    def loss(weights):
-        out, _ = model.stateless_call(weights, non_trainable, [ids, segments, positions])
-        return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in out), out
-
-    (_, out), grads = jax.value_and_grad(loss, has_aux=True)([v.value for v in model.trainable_variables])
-    return out, grads
-
-
 @pytest.mark.parametrize("at_rows", [False, True])
 def test_the_value_bias_after_the_kernel_gives_what_it_gives_on_the_values(at_rows, monkeypatch):
     model = model_with_biases("splash", 128)
-    after, after_grads = outputs_and_gradients(model, 128, at_rows)
+    after, after_grads = outputs_and_gradients(model, at_rows, 128)
     monkeypatch.setattr(TransformerBlock, "value_bias_moves", False)
-    on_values, on_values_grads = outputs_and_gradients(model, 128, at_rows)
+    on_values, on_values_grads = outputs_and_gradients(model, at_rows, 128)
     for a, b in zip(after, on_values, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0)
     for variable, a, b in zip(model.trainable_variables, after_grads, on_values_grads, strict=True):
