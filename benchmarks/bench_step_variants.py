@@ -131,7 +131,7 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   where the package adds it after attention (``model.TransformerBlock.value_bias_after_attention``: ``b_o + b_v W_o``,
   exact since softmax's rows sum to 1), so its gradient is a ``[hidden]`` product, not a reduction of the kernel's
   value gradient (which the compiler cannot fuse into the kernel). For a TPU's compile at a length the kernel takes
-  (``--compile_for v5e-1 --steps 0 --seq 512 --pred 76 --batch 32``): 125.4 M cycles against 118.8 for ``base``.
+  (``--compile_for v5e-1 --steps 0 --seq 512 --pred 76 --batch 32``): 125.4 M cycles against 118.9 for ``base``.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
