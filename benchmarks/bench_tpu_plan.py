@@ -4,6 +4,7 @@ Usage: python benchmarks/bench_tpu_plan.py [--targets v5e-1 v5e-8 v6e-1] [--rows
            [--attention auto xla splash] [--batch N]
        python benchmarks/bench_tpu_plan.py --smoke   (a tiny BERT for each free target, or for the CPU's compiler
                                                       where no TPU compiler is installed: the machinery only)
+       python benchmarks/bench_tpu_plan.py --rows modernbert-base-1024 --targets v5e-8 --cycles
 
 Each row is ``tpu-pretrain plan`` in a process of its own (the real command, its settings as a user gives them),
 compiled for each target without a TPU (``pip install 'jax[tpu]'`` beside the project). Printed per row and target:
@@ -17,6 +18,11 @@ asks another global batch (a large one makes the plan search down to the largest
 ``auto`` (the splash kernel on a TPU at lengths that are multiples of 128, :mod:`tpu_pretrain.jax_backend.splash`),
 ``xla`` (XLA's attention, every score matrix materialised), ``splash`` (the kernel forced). The table's attention
 column is the path asked and, after it, the path the plan's log says the layers took.
+
+``--cycles`` also reads the TPU compiler's own estimate of each step, the cycles its cost model writes on every
+instruction (XLA's dump of the compiled step, :mod:`tpu_cost_model`; a Pallas kernel, the splash kernel among them,
+carries none and is counted apart): the figure docs/tpus.md sets changes side by side with (ModernBERT-base at 1,024
+on a v5e-8, for one), not a speed.
 
 Each finished plan is appended to ``--results`` (JSON lines) and skipped when the benchmark is run again, so a long
 matrix (a BERT-large compile takes tens of minutes on a 2-core machine) can be run in parts; ``--table`` prints the
@@ -72,24 +78,53 @@ def attention_taken(output: str) -> str:
 
 
 def plan_row(name: str, flags: list[str], target: str, timeout: float, attention: str = "auto",
-             batch: int | None = None) -> dict:
+             batch: int | None = None, cycles: bool = False) -> dict:
     """``tpu-pretrain plan`` for one row, target and attention path, in its own process; its saved plan (or why
-    there is none)."""
+    there is none). ``cycles``: also the TPU compiler's cost model of the step at the batch asked
+    (:func:`step_cycles_of`)."""
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as folder:
-        saved = Path(folder) / "plan.json"
+        saved, dumps = Path(folder) / "plan.json", Path(folder) / "hlo"
         command = [sys.executable, "-m", "tpu_pretrain", "plan", "--tpu", target, *COMMON, *flags,
                    "--train_batch_size", str(batch_for(target, batch)), "--save", str(saved)]
         start = time.perf_counter()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TPU_PRETRAIN_ATTENTION": attention}
+        if cycles:  # XLA writes each compiled training step's text there, the cost model's figures on it
+            env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dumps} --xla_dump_hlo_as_text "
+                                f"--xla_dump_hlo_module_re=.*train_step.*").strip()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
             output, code = done.stdout + done.stderr, done.returncode
         except subprocess.TimeoutExpired as exc:
             output, code = f"{exc.stdout or ''}\nstopped after {timeout:.0f} s", -1
         plan = json.loads(saved.read_text()) if saved.is_file() else None
+        counted = step_cycles_of(dumps) if cycles else None
     return {"row": name, "target": target, "attention": attention, "taken": attention_taken(output),
             "batch": batch_for(target, batch), "exit": code, "seconds": time.perf_counter() - start, "plan": plan,
-            "output": output[-3000:]}
+            "output": output[-3000:], **({"cycles": counted} if cycles else {})}
+
+
+def step_cycles_of(dumps: Path) -> dict | None:
+    """The TPU compiler's own estimate of the first training step it compiled (the batch asked; a search compiles
+    others after it), from XLA's dump of the compiled text (:func:`tpu_cost_model.step_cycles`: cycles in all and by
+    opcode; Pallas kernels, the splash kernel among them, counted apart, not costed). None where nothing was dumped
+    (a compile that failed, or the CPU's compiler, which writes no cycles)."""
+    import tpu_cost_model
+
+    compiled = sorted(dumps.glob("*train_step*after_codegen.txt"))
+    found = tpu_cost_model.step_cycles(compiled[0].read_text()) if compiled else None
+    if not found or not found["cycles"]:
+        return None
+    return {"cycles": found["cycles"], "copies": found["by_op"].get("copy", 0),
+            "unseen_kernels": found["unseen_kernels"]}
+
+
+def cycles_line(r: dict) -> str:
+    """One result's cycles, as :func:`step_cycles_of` read them."""
+    c = r.get("cycles")
+    said = (f"{c['cycles'] / 1e6:.1f} M cycles per step by the TPU compiler's cost model (copies "
+            f"{c['copies'] / 1e6:.1f} M; {c['unseen_kernels']} Pallas kernels it does not cost)"
+            ) if c else "no cycles (no TPU step compiled)"
+    return f"{r['row']} {r['target']} {_attention(r)} batch {r['batch']}: {said}"
 
 
 def _key(r: dict) -> tuple:
@@ -160,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="global batch asked (default: the notebooks')")
     parser.add_argument("--smoke", action="store_true", help="a tiny BERT for each target")
     parser.add_argument("--table", action="store_true", help="only print the table of the results there")
+    parser.add_argument("--cycles", action="store_true", help="also the TPU compiler's cost model of each step (cycles "
+                        "per step, the kernels it does not cost counted apart): to set changes side by side")
     args = parser.parse_args(argv)
     rows = SMOKE if args.smoke else {name: ROWS[name] for name in args.rows}
     results_file = Path(args.results)
     if args.smoke:  # the machinery only: a tiny BERT, for the CPU's compiler where no TPU compiler is installed
         print("smoke run: a tiny BERT; its figures mean nothing", flush=True)
+        args.cycles = True
         results_file = Path(tempfile.mkdtemp(prefix="bench-plan-smoke-")) / "results.jsonl"
         if importlib.util.find_spec("libtpu") is None:
             args.targets = ["cpu"]
@@ -173,13 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, flags in rows.items():
             for target in args.targets:
                 for attention in args.attention:
-                    if any(_key(r) == (name, target, attention, batch_for(target, args.batch)) for r in done):
+                    if any(_key(r) == (name, target, attention, batch_for(target, args.batch))
+                           and (not args.cycles or "cycles" in r) for r in done):
                         continue
-                    result = plan_row(name, flags, target, args.timeout, attention, args.batch)
+                    result = plan_row(name, flags, target, args.timeout, attention, args.batch, args.cycles)
                     done.append(result)
                     with open(results_file, "a") as handle:
                         handle.write(json.dumps(result) + "\n")
                     print(table([result]).splitlines()[-1], flush=True)
+                    if args.cycles:
+                        print(cycles_line(result), flush=True)
     order = {name: i for i, name in enumerate(rows)}
     targets = {name: i for i, name in enumerate(args.targets)}
     paths = {name: i for i, name in enumerate(ATTENTION)}
@@ -187,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                    key=lambda r: (order[r["row"]], targets.get(r["target"], 99), paths[r.get("attention", "auto")],
                                   r.get("batch", 0)))
     print(table(shown))
+    for r in shown if args.cycles else ():
+        print(cycles_line(r))
     return 0
 
 
