@@ -293,10 +293,10 @@ def test_the_rotation_is_exact_in_float32_and_within_bfloat16s_precision(heads_m
     x = np.random.default_rng(5).normal(0.0, 2.0, (batch, heads, length, size) if heads_major
                                         else (batch, length, heads, size))
     half = size // 2
+    table = (lambda t: t[:, None] if heads_major else t[:, :, None]) if per_token else (
+        lambda t: t[None, None] if heads_major else t[None, :, None])
     for dtype, bound in ((jnp.float32, 1e-5), (jnp.bfloat16, 4e-3)):
         rounded = np.asarray(jnp.asarray(x, dtype).astype(jnp.float64))
-        table = (lambda t: t[:, None] if heads_major else t[:, :, None]) if per_token else (
-            lambda t: t[None, None] if heads_major else t[None, :, None])
         exact = rounded * table(cos) + np.concatenate([-rounded[..., half:], rounded[..., :half]], -1) * table(sin)
         got = apply_rotary(jnp.asarray(x, dtype), jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32),
                            heads_major=heads_major)
