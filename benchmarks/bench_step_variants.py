@@ -132,6 +132,13 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   exact since softmax's rows sum to 1), so its gradient is a ``[hidden]`` product, not a reduction of the kernel's
   value gradient (which the compiler cannot fuse into the kernel). For a TPU's compile at a length the kernel takes
   (``--compile_for v5e-1 --steps 0 --seq 512 --pred 76 --batch 32``): 125.4 M cycles against 118.9 for ``base``.
+- ``by_heads_on_tpu``: a candidate, in the package but off (``model.TransformerBlock.projects_by_heads_on_tpu``): on
+  a TPU off the splash kernel's path (XLA's attention: BERT at 128), the query, key and value projected in the
+  kernel's order and their axes swapped back, so that the TPU compiler writes the keys and values with the length on
+  the lanes, as its attention products read them, rather than copying them (two copies a block). The compiler's
+  cycles (``--compile_for v5e-1 --steps 0 --batch 128``, BERT-base, libtpu 0.0.50.1), ``base`` against this: v5e-1
+  at batch 128 127.3 against 124.6 M (copies 3.6 -> 0.4 M), at 64 57.6 against 58.9; v6e-1 at 128 68.8 against
+  68.9; v5e-8 at 256 (32 a chip) 34.4 against 34.7. It pays only where the copies leave the chip's memory.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
@@ -202,7 +209,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "pallas_attention", "two_sigmoids", "eight_row_partials", "full_last_block", "weight_casts",
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
            "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention",
-           "splash_head_minor", "splash_length_major", "value_bias_on_values")
+           "splash_head_minor", "splash_length_major", "value_bias_on_values", "by_heads_on_tpu")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -322,6 +329,8 @@ def variant(name: str) -> contextlib.ExitStack:
         patches.enter_context(mock.patch.object(splash, "HEADS_MAJOR", False))
     if "value_bias_on_values" in changes:
         patches.enter_context(mock.patch.object(model.TransformerBlock, "value_bias_moves", False))
+    if "by_heads_on_tpu" in changes:
+        patches.enter_context(mock.patch.object(model.TransformerBlock, "projects_by_heads_on_tpu", True))
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))

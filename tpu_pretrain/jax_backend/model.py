@@ -107,6 +107,13 @@ class TransformerBlock(keras.layers.Layer):
     """
 
     value_bias_moves = True  # on the splash kernel's path: :meth:`value_bias_after_attention`
+    # True: XLA's attention on a TPU reads the queries, keys and values projected in the splash kernel's order, their
+    # axes swapped back, so the TPU compiler writes the keys and values with the length on the lanes as its attention
+    # products read them instead of copying them (two copies a block). Its cost model (BERT-base at 128, libtpu
+    # 0.0.50.1): a v5e-1 at batch 128 127.3 -> 124.6 M cycles, but at 64 57.6 -> 58.9, a v5e-8 at 32 a chip 34.4 ->
+    # 34.7, a v6e-1 at 128 68.8 -> 68.9 (the copies stay in on-chip memory at smaller batches, and the projections
+    # by heads cost more): off until a TPU measures it (bench_step_variants.py's by_heads_on_tpu)
+    projects_by_heads_on_tpu = False
 
     def __init__(self, config: BertConfig, make: _Factory, attention: str = "auto", **kwargs):
         super().__init__(dtype=make.dtype, **kwargs)
@@ -148,14 +155,19 @@ class TransformerBlock(keras.layers.Layer):
         # exactly zero), so it is left out, and with it a reduction per block in the backward pass.
         heads_major = (splash.HEADS_MAJOR and not self.explicit(training)
                        and takes_splash(self.attention, x.shape[1], x.shape[-1] // self.heads, mesh))
+        by_heads = heads_major or (self.projects_by_heads_on_tpu and not self.explicit(training)
+                                   and target_platform(mesh) == "tpu")
         moved = heads_major and self.value_bias_moves  # the value's bias then comes after attention
         value_bias = None if moved else ops.cast(self.value.bias, x.dtype)
         q, k, v, x = shared_input_projections(x, tuple(ops.cast(p.kernel, x.dtype) for p in projections),
                                               (ops.cast(self.query.bias, x.dtype), None, value_bias),
-                                              target_platform(mesh) == "gpu", self.heads if heads_major else None)
+                                              target_platform(mesh) == "gpu", self.heads if by_heads else None)
         if heads_major:  # the splash kernel's order in and out: no reshapes and transposes around it
             return masked_attention(q, k, v, attend, documents, None, self.attention, mesh, heads_major=True), x
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        if by_heads:  # XLA's attention on a TPU (projects_by_heads_on_tpu): its [batch, length, heads, head_size]
+            q, k, v = (ops.swapaxes(t, 1, 2) for t in (q, k, v))
+        else:
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if self.explicit(training):
             say_path("explicit (attention dropout in training)" if self.attention != "explicit" else "explicit")
             context = explicit_attention(q, k, v, attention_mask(attend, documents), self.attention_dropout, training)
