@@ -1,9 +1,13 @@
 """A tiny BERT's batch (documents, padding, repeated and missing predictions) and its outputs with every weight's
-gradient under a loss that reads all of them: what the tests of the model's forms compare, form against form."""
+gradient under a loss that reads all of them: what the tests of the model's forms compare, form against form; and
+the tiny BERT whose every weight, biases included, is off its initial value (:func:`model_with_biases`)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from tpu_pretrain.jax_backend.model import build_model
+from tpu_pretrain.models.bert_config import bert_config_for_size
 
 SEP, B, T, P = 3, 4, 32, 5
 
@@ -34,3 +38,17 @@ def outputs_and_gradients(model, at_rows: bool = True, length: int = T):
 
     (_, out), grads = jax.value_and_grad(loss, has_aux=True)([v.value for v in model.trainable_variables])
     return out, grads
+
+
+def model_with_biases(path: str, length: int, attention_dropout: float = 0.0):
+    """A float32 L2-H128 BERT (two heads) on ``path``, documents apart, every weight moved off its initial value
+    (BERT's biases start at 0, where moving one changes nothing)."""
+    config = bert_config_for_size("L2-H128", 300)
+    config.num_attention_heads = 2
+    config.hidden_dropout_prob, config.attention_probs_dropout_prob = 0.0, attention_dropout
+    model = build_model(config, length, P, dtype="float32", attention=path)
+    model.document_separator = SEP
+    rng = np.random.default_rng(3)
+    for variable in model.trainable_variables:
+        variable.assign(variable.value + rng.normal(0.0, 0.05, variable.shape).astype(np.float32))
+    return model

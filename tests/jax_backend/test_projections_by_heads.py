@@ -19,8 +19,7 @@ if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
     pytest.skip("Keras already runs on another backend in this process", allow_module_level=True)
 
 import jax.numpy as jnp  # noqa: E402
-from bert_rows import outputs_and_gradients  # noqa: E402
-from test_value_bias import model_with_biases  # noqa: E402
+from bert_rows import model_with_biases, outputs_and_gradients  # noqa: E402
 
 from tpu_pretrain.jax_backend import model as model_module  # noqa: E402
 from tpu_pretrain.jax_backend.model import TransformerBlock  # noqa: E402
@@ -40,9 +39,9 @@ def heads_given(monkeypatch):
     return given
 
 
-def compiled_as_for_a_tpu(monkeypatch):
+def compiled_as_for_a_tpu(monkeypatch, candidate: bool = True):
     monkeypatch.setattr(model_module, "target_platform", lambda mesh=None: "tpu")
-    monkeypatch.setattr(TransformerBlock, "projects_by_heads_on_tpu", True)  # the candidate, off by default
+    monkeypatch.setattr(TransformerBlock, "projects_by_heads_on_tpu", candidate)  # the candidate, off by default
 
 
 @pytest.mark.parametrize("at_rows", [False, True])
@@ -71,10 +70,8 @@ def test_the_projections_go_by_heads_for_xlas_attention_on_a_tpu_only(path, drop
     """By heads where XLA's attention runs on a TPU with the candidate on; length-major on the explicit path (asked
     for, or attention dropout in training), off a TPU (a GPU's cuDNN, this CPU) and by default. The block's context
     is ``[batch, length, hidden]`` either way."""
-    if platform == "tpu":
-        compiled_as_for_a_tpu(monkeypatch)
-    elif platform == "tpu off":
-        monkeypatch.setattr(model_module, "target_platform", lambda mesh=None: "tpu")
+    if platform != "cpu":
+        compiled_as_for_a_tpu(monkeypatch, candidate=platform == "tpu")
     block = model_with_biases(path, 128, dropout).blocks[0]
     heads_given.clear()  # building the model called the blocks
     x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 128, 128)), jnp.float32)

@@ -18,24 +18,9 @@ if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "jax":
     pytest.skip("Keras already runs on another backend in this process", allow_module_level=True)
 
 import jax.numpy as jnp  # noqa: E402
-from bert_rows import SEP, P, outputs_and_gradients  # noqa: E402
+from bert_rows import model_with_biases, outputs_and_gradients  # noqa: E402
 
-from tpu_pretrain.jax_backend.model import TransformerBlock, build_model  # noqa: E402
-from tpu_pretrain.models.bert_config import bert_config_for_size  # noqa: E402
-
-
-def model_with_biases(path: str, length: int, attention_dropout: float = 0.0):
-    """A float32 L2-H128 BERT (two heads) on ``path``, documents apart, every weight moved off its initial value
-    (BERT's biases start at 0, where moving one changes nothing)."""
-    config = bert_config_for_size("L2-H128", 300)
-    config.num_attention_heads = 2
-    config.hidden_dropout_prob, config.attention_probs_dropout_prob = 0.0, attention_dropout
-    model = build_model(config, length, P, dtype="float32", attention=path)
-    model.document_separator = SEP
-    rng = np.random.default_rng(3)
-    for variable in model.trainable_variables:
-        variable.assign(variable.value + rng.normal(0.0, 0.05, variable.shape).astype(np.float32))
-    return model
+from tpu_pretrain.jax_backend.model import TransformerBlock  # noqa: E402
 
 
 @pytest.mark.parametrize("at_rows", [False, True])
