@@ -18,6 +18,7 @@ import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
 from .devices import compute_at_least, target_device  # noqa: E402
+from .lean_layers import add_bias  # noqa: E402
 
 
 class TokenEmbedding(keras.layers.Embedding):
@@ -92,7 +93,7 @@ def tied_logits(x, table, bias=None, padded: bool = False):
     logits = ops.matmul(x, ops.transpose(table))
     if bias is not None:
         bias = ops.cast(bias, x.dtype)
-        logits = logits + (jnp.pad(bias, (0, extra), constant_values=jnp.finfo(x.dtype).min) if extra else bias)
+        logits = add_bias(logits, jnp.pad(bias, (0, extra), constant_values=jnp.finfo(x.dtype).min) if extra else bias)
     elif extra:
         logits = jnp.where(jnp.arange(logits.shape[-1]) < table.shape[0] - extra, logits, jnp.finfo(x.dtype).min)
     return logits

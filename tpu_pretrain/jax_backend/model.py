@@ -38,7 +38,15 @@ from .attention import (  # noqa: E402
 )
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
-from .lean_layers import LayerNorm, exact_gelu, heads_output, shared_input_projections, tanh_gelu  # noqa: E402
+from .lean_layers import (  # noqa: E402
+    Dense,
+    LayerNorm,
+    add_bias,
+    exact_gelu,
+    heads_output,
+    shared_input_projections,
+    tanh_gelu,
+)
 from .lookups import OneHotEmbedding, TokenEmbedding, one_hot_rows, pads_logits, tied_logits  # noqa: E402
 
 
@@ -85,8 +93,7 @@ class _Factory:
         return keras.initializers.TruncatedNormal(stddev=self.stddev)
 
     def dense(self, units: int, name: str, activation=None):
-        return keras.layers.Dense(units, activation=activation, kernel_initializer=self.init(), name=name,
-                                  dtype=self.dtype)
+        return Dense(units, activation=activation, kernel_initializer=self.init(), name=name, dtype=self.dtype)
 
     def norm(self, name: str):
         return LayerNorm(epsilon=1e-12, name=name, dtype=self.dtype)
@@ -231,7 +238,7 @@ class TransformerBlock(keras.layers.Layer):
         k, v, x = shared_input_projections(x, kernels, (None, ops.cast(self.value.bias, x.dtype)),
                                            target_platform(mesh) == "gpu")
         picked = one_hot_rows(x, rows)
-        q = ops.matmul(picked, ops.cast(self.query.kernel, x.dtype)) + ops.cast(self.query.bias, x.dtype)
+        q = add_bias(ops.matmul(picked, ops.cast(self.query.kernel, x.dtype)), ops.cast(self.query.bias, x.dtype))
         say_path("explicit for the last block's predicted rows")
         context = explicit_attention(self._heads(q), self._heads(k), self._heads(v),
                                      attention_mask(attend, documents, rows=rows), self.attention_dropout, training,
@@ -298,7 +305,7 @@ class PretrainingBert(keras.Model):
         x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
         x = x + self.segment_embedding(segment_ids)
         if documents is None:
-            x = x + self.position_embedding(ops.arange(length))[None]
+            x = add_bias(x, self.position_embedding(ops.arange(length)))  # its gradient summed over the batch
         else:
             x = x + self.position_embedding(document_positions(documents))
         return self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training), attend, documents

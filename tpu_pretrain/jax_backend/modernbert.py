@@ -51,7 +51,9 @@ from .attention import (  # noqa: E402
 from .devices import target_platform  # noqa: E402
 from .documents import document_ids, document_positions  # noqa: E402
 from .lean_layers import (  # noqa: E402
+    Dense,
     LayerNorm,
+    add_bias,
     dense_weights,
     heads_major_parts,
     heads_output,
@@ -73,8 +75,8 @@ class _Make:
         self.std_out = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
 
     def dense(self, units: int, name: str, bias: bool, std: float):
-        return keras.layers.Dense(units, use_bias=bias, kernel_initializer=keras.initializers.TruncatedNormal(
-            stddev=std), name=name, dtype=self.dtype)
+        init = keras.initializers.TruncatedNormal(stddev=std)
+        return Dense(units, use_bias=bias, kernel_initializer=init, name=name, dtype=self.dtype)
 
     def norm(self, name: str):
         return LayerNorm(epsilon=self.config.norm_eps, center=self.config.norm_bias, name=name, dtype=self.dtype)
@@ -150,9 +152,7 @@ def column_weights(dense: keras.layers.Dense, dtype, parts: int) -> tuple:
 def at_rows(table, rows):
     """A rotary table's rows at ``rows`` (``[batch, n]``): ``[batch, n, head_size]``, from a table of positions
     ``[length, head_size]`` or of each token's ``[batch, length, head_size]`` (documents apart)."""
-    if table.ndim == 2:
-        return jnp.take(table, rows, axis=0)
-    return jnp.take_along_axis(table, rows[:, :, None], axis=1)
+    return jnp.take(table, rows, axis=0) if table.ndim == 2 else jnp.take_along_axis(table, rows[:, :, None], axis=1)
 
 
 class ModernBertLayer(keras.layers.Layer):
@@ -238,7 +238,7 @@ class ModernBertLayer(keras.layers.Layer):
         k, v = ops.reshape(k, heads), ops.reshape(v, heads)
         picked = one_hot_rows(x, rows)
         q = ops.matmul(self.normed(picked, mesh), kernels[0])
-        q = q if biases is None else q + biases[0]
+        q = q if biases is None else add_bias(q, biases[0])
         q = apply_rotary(ops.reshape(q, heads), at_rows(cos, rows), at_rows(sin, rows))
         say_path("explicit for the last layer's predicted rows")
         context = explicit_attention(q, apply_rotary(k, cos, sin), v,
@@ -251,10 +251,9 @@ class PretrainingModernBert(keras.Model):
     """``[input_ids, segment_ids, masked_lm_positions]`` -> ``[mlm_logits]`` (float32 ``[batch, predictions,
     vocab]``): :class:`.model.PretrainingBert`'s contract. ``segment_ids`` are accepted and ignored (ModernBERT
     has no token types); the head, and the last layer but for its keys and values (:meth:`encode_rows`), run at the
-    masked positions only. ``attention``: one of
-    :data:`.attention.ATTENTION_PATHS` (default: ``TPU_PRETRAIN_ATTENTION``, else ``auto``); ``document_separator``
-    and ``data_mesh`` as in :class:`.model.PretrainingBert`.
-    """
+    masked positions only. ``attention``: one of :data:`.attention.ATTENTION_PATHS` (default:
+    ``TPU_PRETRAIN_ATTENTION``, else ``auto``); ``document_separator`` and ``data_mesh`` as in
+    :class:`.model.PretrainingBert`."""
 
     document_separator: int | None = None
     data_mesh = None
