@@ -140,9 +140,12 @@ its backward under each (:func:`kept_for_backward`, bytes per token):
   at batch 128 127.3 against 124.6 M (copies 3.6 -> 0.4 M), at 64 57.6 against 58.9; v6e-1 at 128 68.8 against
   68.9; v5e-8 at 256 (32 a chip) 34.4 against 34.7. It pays only where the copies leave the chip's memory.
 - ``bfloat16_bias_sums``: every bias's gradient summed by autodiff in bfloat16, as before 2026-11-29, where the package
-  sums it in float32 (``lean_layers.add_bias``): XLA for a Hopper GPU keeps a bfloat16 sum in bfloat16. Compiled for
-  an H200: 32.3 ms either way (668 kernels, 67.2 GB); for a v5e-1 at batch 128, 127.3 M cycles against 127.4 for
-  ``base``. What a card measures here is whether the float32 sums cost the GELU's gradient any time.
+  sums it in float32 (``lean_layers.add_bias``): XLA keeps a bfloat16 sum in bfloat16 on a Hopper GPU and on a CPU.
+  Compiled for an H200: 32.3 ms either way (668 kernels, 67.2 GB). What a card measures here is whether the float32
+  sums cost the GELU's gradient any time.
+- ``bfloat16_table_sum``: the token table's gradient a scatter-add into bfloat16 (off a GPU), as before 2026-11-29,
+  where the package scatters into float32 (``lookups.gathered_rows``): a bfloat16 scatter rounds a row after every
+  update. For a v5e-1 at batch 128 (libtpu 0.0.50.1) 127.3 M cycles against 128.0 for the package's.
 - ``pallas_attention``: a candidate, not in the package: JAX's own Pallas (Triton) flash attention on a GPU, padding
   and documents as its segment ids, where cuDNN's kernels ran at 89 TFLOP/s at length 128 (5.2 ms of the H100's
   53 ms step, 3.2 estimated). The roofline cannot judge it (a Triton kernel's FLOPs are not in the HLO); measured on
@@ -214,7 +217,7 @@ CHANGES = ("base", "keras_gelu", "keras_layernorm", "autodiff_loss", "autodiff_q
            "gemm_biases", "norm_sums_apart", "loss_passes_apart", "vocab_logits",
            "norm_partials_apart", "while_graphs", "pallas_gelu", "short_attention", "norm_tiles", "splash_attention",
            "splash_head_minor", "splash_length_major", "value_bias_on_values", "by_heads_on_tpu",
-           "bfloat16_bias_sums")
+           "bfloat16_bias_sums", "bfloat16_table_sum")
 # the step before these six entered the package (961c978's)
 BEFORE = "keras_gelu+keras_layernorm+autodiff_loss+autodiff_qkv+norm_per_gradient+dot_merger"
 VARIANTS = (*CHANGES, BEFORE)
@@ -337,7 +340,12 @@ def variant(name: str) -> contextlib.ExitStack:
     if "by_heads_on_tpu" in changes:
         patches.enter_context(mock.patch.object(model.TransformerBlock, "projects_by_heads_on_tpu", True))
     if "bfloat16_bias_sums" in changes:
-        patches.enter_context(mock.patch.object(lean_layers, "_float32_summed_bias", lambda x, bias: x + bias))
+        patches.enter_context(mock.patch.object(lean_layers, "_float32_summed_bias", lambda x, bias, for_gpu: x + bias))
+    if "bfloat16_table_sum" in changes:
+        from tpu_pretrain.jax_backend import lookups
+
+        patches.enter_context(mock.patch.object(lookups, "_gathered_rows", lambda table, ids, dtype: jnp.take(
+            table.astype(dtype), ids, axis=0)))
     if "remat" in changes:
         block = model.TransformerBlock
         patches.enter_context(mock.patch.object(block, "call", remat_call(block.call)))

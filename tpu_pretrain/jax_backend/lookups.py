@@ -8,6 +8,8 @@ H100 (benchmarks/GPU_NOTES.md): the bfloat16 scatter-adds of BERT-base's embeddi
 
 from __future__ import annotations
 
+import functools
+
 from . import select_keras_backend
 
 select_keras_backend()
@@ -31,7 +33,7 @@ class TokenEmbedding(keras.layers.Embedding):
     333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add. A TPU adds bfloat16 rows without
     that serialisation, and its compiler, given the float32 gather in a step sharded over several chips, reports no
     temporaries at all (0 bytes on a v5e-8 where Keras's order gives 9.8 MB), so ``tpu-pretrain plan`` would
-    undercount the step's memory.
+    undercount the step's memory. There the gradient is still summed in float32 (:func:`gathered_rows`).
     """
 
     def build(self, input_shape=None):
@@ -43,7 +45,41 @@ class TokenEmbedding(keras.layers.Embedding):
     def call(self, inputs, float32_gather: bool = False):
         if float32_gather:
             return super().call(inputs)  # the table is not autocast: gathered in float32, cast after
-        return ops.take(ops.cast(self.embeddings, self.compute_dtype), ops.cast(inputs, "int32"), axis=0)
+        return gathered_rows(ops.convert_to_tensor(self.embeddings), ops.cast(inputs, "int32"), self.compute_dtype)
+
+
+def gathered_rows(table, ids, dtype):
+    """``table`` cast to ``dtype``, then its rows at ``ids``; where ``dtype`` is narrower than the table, each row's
+    gradient summed in the table's dtype (a scatter-add into a float32 table), not in ``dtype``.
+
+    Why: autodiff's gradient is a scatter-add into a table of the cast's dtype, and a scatter into bfloat16 rounds each
+    row to bfloat16 after every update: the rows of the tokens a batch repeats most, a sum of hundreds of updates,
+    were 2-4% off (18% for the commonest where the updates share a direction; BERT's vocabulary, 16,384 Zipfian
+    tokens, XLA's CPU compile; benchmarks/GPU_NOTES.md). The forward pass is the same (cast, then gather); the
+    float32 gradient costs a TPU ~0.5% of BERT-base's step by its compiler's count (v5e-1, batch 128: 127.3 -> 128.0 M
+    cycles), what the optimizer and the clipping norm read in float32."""
+    dtype = jnp.dtype(dtype)
+    if dtype == table.dtype:
+        return jnp.take(table, ids, axis=0)
+    return _gathered_rows(table, ids, dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gathered_rows(table, ids, dtype):
+    return jnp.take(table.astype(dtype), ids, axis=0)
+
+
+def _gathered_rows_forward(table, ids, dtype):
+    return _gathered_rows(table, ids, dtype), (table, ids)
+
+
+def _gathered_rows_backward(dtype, residuals, grad):
+    table, ids = residuals
+    summed = jnp.zeros(table.shape, table.dtype).at[ids].add(grad.astype(table.dtype))
+    return summed, None
+
+
+_gathered_rows.defvjp(_gathered_rows_forward, _gathered_rows_backward)
 
 
 class OneHotEmbedding(keras.layers.Embedding):
@@ -93,7 +129,8 @@ def tied_logits(x, table, bias=None, padded: bool = False):
     logits = ops.matmul(x, ops.transpose(table))
     if bias is not None:
         bias = ops.cast(bias, x.dtype)
-        logits = add_bias(logits, jnp.pad(bias, (0, extra), constant_values=jnp.finfo(x.dtype).min) if extra else bias)
+        bias = jnp.pad(bias, (0, extra), constant_values=jnp.finfo(x.dtype).min) if extra else bias
+        logits = add_bias(logits, bias, for_gpu=padded)  # padded: a GPU's training step
     elif extra:
         logits = jnp.where(jnp.arange(logits.shape[-1]) < table.shape[0] - extra, logits, jnp.finfo(x.dtype).min)
     return logits

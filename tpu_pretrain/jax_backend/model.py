@@ -214,7 +214,8 @@ class TransformerBlock(keras.layers.Layer):
 
     def hidden(self, x, mesh=None):
         """The feed-forward's activation of ``x``'s rows, ``act(x W + b)``."""
-        return activation(self.hidden_act, target_platform(mesh) == "gpu")(self.intermediate(x))
+        for_gpu = target_platform(mesh) == "gpu"
+        return activation(self.hidden_act, for_gpu)(self.intermediate(x, for_gpu=for_gpu))
 
     @staticmethod
     def residual_norm(x, dense, inputs, dropout, norm, training=False, mesh=None):
@@ -224,7 +225,7 @@ class TransformerBlock(keras.layers.Layer):
         if norm.kernels_apply(x, mesh) and not (training and dropout.rate > 0):
             return norm(x + ops.matmul(inputs, ops.cast(dense.kernel, inputs.dtype)), mesh=mesh,
                         bias=ops.cast(dense.bias, inputs.dtype))
-        return norm(x + dropout(dense(inputs), training=training), mesh=mesh)
+        return norm(x + dropout(dense(inputs, for_gpu=target_platform(mesh) == "gpu"), training=training), mesh=mesh)
 
     def call_at_rows(self, x, rows, attend, documents=None, training=False, mesh=None):
         """The block's output at ``rows`` (``[batch, n]`` positions) only: its output gathered at ``rows``, computed
@@ -238,7 +239,8 @@ class TransformerBlock(keras.layers.Layer):
         k, v, x = shared_input_projections(x, kernels, (None, ops.cast(self.value.bias, x.dtype)),
                                            target_platform(mesh) == "gpu")
         picked = one_hot_rows(x, rows)
-        q = add_bias(ops.matmul(picked, ops.cast(self.query.kernel, x.dtype)), ops.cast(self.query.bias, x.dtype))
+        q = add_bias(ops.matmul(picked, ops.cast(self.query.kernel, x.dtype)), ops.cast(self.query.bias, x.dtype),
+                     target_platform(mesh) == "gpu")
         say_path("explicit for the last block's predicted rows")
         context = explicit_attention(self._heads(q), self._heads(k), self._heads(v),
                                      attention_mask(attend, documents, rows=rows), self.attention_dropout, training,
@@ -305,7 +307,7 @@ class PretrainingBert(keras.Model):
         x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
         x = x + self.segment_embedding(segment_ids)
         if documents is None:
-            x = add_bias(x, self.position_embedding(ops.arange(length)))  # its gradient summed over the batch
+            x = add_bias(x, self.position_embedding(ops.arange(length)), target_platform(self.data_mesh) == "gpu")
         else:
             x = x + self.position_embedding(document_positions(documents))
         return self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training), attend, documents
@@ -334,8 +336,9 @@ class PretrainingBert(keras.Model):
         # the rows a loss reads: the masked positions, and the first (NSP's pooler reads it)
         rows = ops.concatenate([ops.zeros_like(positions[:, :1]), positions], axis=1) if self.with_nsp else positions
         picked = self.encode_rows(input_ids, segment_ids, rows, training)
-        gelu = activation(self.hidden_act, target_platform(self.data_mesh) == "gpu")
-        x = self.mlm_norm(gelu(self.mlm_dense(picked[:, -positions.shape[1]:])), mesh=self.data_mesh)
+        for_gpu = target_platform(self.data_mesh) == "gpu"
+        dense = self.mlm_dense(picked[:, -positions.shape[1]:], for_gpu=for_gpu)
+        x = self.mlm_norm(activation(self.hidden_act, for_gpu)(dense), mesh=self.data_mesh)
         padded = training and pads_logits(self.data_mesh)
         mlm_logits = ops.cast(self.mlm_bias(x, self.token_embedding.embeddings, padded=padded), "float32")
         if not self.with_nsp:

@@ -238,7 +238,7 @@ class ModernBertLayer(keras.layers.Layer):
         k, v = ops.reshape(k, heads), ops.reshape(v, heads)
         picked = one_hot_rows(x, rows)
         q = ops.matmul(self.normed(picked, mesh), kernels[0])
-        q = q if biases is None else add_bias(q, biases[0])
+        q = q if biases is None else add_bias(q, biases[0], target_platform(mesh) == "gpu")
         q = apply_rotary(ops.reshape(q, heads), at_rows(cos, rows), at_rows(sin, rows))
         say_path("explicit for the last layer's predicted rows")
         context = explicit_attention(q, apply_rotary(k, cos, sin), v,
