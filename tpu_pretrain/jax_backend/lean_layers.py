@@ -251,7 +251,7 @@ _float32_summed_bias.defvjp(_float32_summed_bias_forward, _float32_summed_bias_b
 
 
 class Dense(keras.layers.Dense):
-    """Keras's Dense (the same weights and values) with its bias added by :func:`add_bias` (``for_gpu`` its)."""
+    """Keras's Dense (the same weights and values), its bias added by :func:`add_bias` (``for_gpu``: as there)."""
 
     def call(self, inputs, training=None, for_gpu: bool = False):
         x = keras.ops.matmul(inputs, self.kernel)

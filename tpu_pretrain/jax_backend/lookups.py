@@ -33,7 +33,7 @@ class TokenEmbedding(keras.layers.Embedding):
     333 ms BERT-base step on an H100; in float32 it is the hardware's atomic add. A TPU adds bfloat16 rows without
     that serialisation, and its compiler, given the float32 gather in a step sharded over several chips, reports no
     temporaries at all (0 bytes on a v5e-8 where Keras's order gives 9.8 MB), so ``tpu-pretrain plan`` would
-    undercount the step's memory. There the gradient is still summed in float32 (:func:`gathered_rows`).
+    undercount the step's memory. Off a GPU the gradient is summed in float32 all the same (:func:`gathered_rows`).
     """
 
     def build(self, input_shape=None):
