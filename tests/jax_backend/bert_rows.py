@@ -30,14 +30,21 @@ def outputs_and_gradients(model, at_rows: bool = True, length: int = T):
     ids, segments, positions = batch()
     ids, segments = (np.pad(a, ((0, 0), (0, length - T))) for a in (ids, segments))
     model.last_block_at_rows = at_rows
+    (_, out), grads = jax.value_and_grad(loss_of_weights(model, [ids, segments, positions]), has_aux=True)(
+        [v.value for v in model.trainable_variables])
+    return out, grads
+
+
+def loss_of_weights(model, inputs):
+    """``loss(weights) -> (loss, outputs)``: ``model`` on ``inputs`` with its trainable weights ``weights``, under a
+    loss that reads every output."""
     non_trainable = [v.value for v in model.non_trainable_variables]
 
     def loss(weights):
-        out, _ = model.stateless_call(weights, non_trainable, [ids, segments, positions])
+        out, _ = model.stateless_call(weights, non_trainable, inputs)
         return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in out), out
 
-    (_, out), grads = jax.value_and_grad(loss, has_aux=True)([v.value for v in model.trainable_variables])
-    return out, grads
+    return loss
 
 
 def model_with_biases(path: str, length: int, attention_dropout: float = 0.0):

@@ -19,7 +19,7 @@ pytest.importorskip("jax")  # in .venv-jax only (tests/jax_backend/conftest.py)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from bert_rows import batch  # noqa: E402
+from bert_rows import batch, loss_of_weights  # noqa: E402
 
 from tpu_pretrain.jax_backend.lean_layers import _bfloat16_widened, add_bias  # noqa: E402
 from tpu_pretrain.jax_backend.lookups import gathered_rows  # noqa: E402
@@ -104,13 +104,8 @@ def bfloat16_sums(jaxpr) -> list[str]:
 
 
 def gradient_jaxpr(model, ids, segments, positions):
-    non_trainable = [v.value for v in model.non_trainable_variables]
-
-    def loss(weights):
-        out, _ = model.stateless_call(weights, non_trainable, [ids, segments, positions])
-        return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
-
-    return jax.make_jaxpr(jax.grad(loss))([v.value for v in model.trainable_variables]).jaxpr
+    gradient = jax.grad(loss_of_weights(model, [ids, segments, positions]), has_aux=True)
+    return jax.make_jaxpr(gradient)([v.value for v in model.trainable_variables]).jaxpr
 
 
 @pytest.mark.parametrize("with_nsp, documents", [(True, False), (False, True)])

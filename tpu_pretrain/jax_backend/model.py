@@ -304,10 +304,11 @@ class PretrainingBert(keras.Model):
         attend = input_ids != 0
         documents = None if self.document_separator is None else document_ids(input_ids, attend,
                                                                                self.document_separator)
-        x = self.token_embedding(input_ids, float32_gather=target_platform(self.data_mesh) == "gpu")
+        for_gpu = target_platform(self.data_mesh) == "gpu"
+        x = self.token_embedding(input_ids, float32_gather=for_gpu)
         x = x + self.segment_embedding(segment_ids)
         if documents is None:
-            x = add_bias(x, self.position_embedding(ops.arange(length)), target_platform(self.data_mesh) == "gpu")
+            x = add_bias(x, self.position_embedding(ops.arange(length)), for_gpu)
         else:
             x = x + self.position_embedding(document_positions(documents))
         return self.embedding_dropout(self.embedding_norm(x, mesh=self.data_mesh), training=training), attend, documents
