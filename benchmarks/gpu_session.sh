@@ -25,6 +25,10 @@
 #    (each norm's partial gradients a reduction each); benchmarks/GPU_NOTES.md has what each was predicted to move.
 # 2. bench_gpu.py: the step, the command's steady rate, both PyTorch peers (ModernBERT at 1,024, whose goal two
 #    cards met, left out for time: `run --with_modernbert` keeps it, past a call's 10 minutes if all runs long).
+# 3. bench_step_numerics.py (about 60 s, in the time left): the step's loss and gradients on the card against the card's CPU in
+#    float32, beside the CPU's own bfloat16 step, from the same weights, rows whole and padded with documents apart:
+#    the GPU's forms of the step (cuDNN's attention, the Pallas norms, the carried copies, the widened bias sums...)
+#    have each been checked against their generic forms on a CPU, but the assembled step has never run anywhere else.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GPU=.gpu
@@ -97,6 +101,14 @@ run() {
     # keeps its logs in its own work folder
     [ -d "$OUT/bench_gpu_logs" ] && tar -czf "$OUT/bench_gpu_logs.tgz" --exclude=trace.json.gz -C "$OUT" \
         bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
+    # last, in what is left of a call's 600 s: the figures above are what the call is for
+    local left=$((585 - SECONDS))
+    [ "$left" -gt 120 ] && left=120
+    if [ "$left" -ge 30 ]; then
+        part numerics "$left" "$python" benchmarks/bench_step_numerics.py $smoke --json "$OUT/numerics.json"
+    else
+        echo "== numerics: skipped, ${left} s left of the call"
+    fi
     echo "== done: $OUT"
 }
 
