@@ -3,6 +3,9 @@ here with the CPU in bfloat16 as the candidate: the step as it is passes on both
 showing; a form wrong in the candidate's step alone (as a GPU-only form would be) is found, and named."""
 
 import argparse
+import contextlib
+import functools
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -60,3 +63,45 @@ def test_a_form_wrong_in_the_candidate_alone_is_named(made, cases):
     assert any(w.startswith("bert/embeddings/position_embeddings ") for w in found["wrong"]), found["wrong"]
     assert found["candidate"]["weights"]["bert/embeddings/position_embeddings"] > numerics.ERROR_FLOOR
     assert found["candidate"]["loss_error"] < numerics.LOSS_TOLERANCE
+
+
+@contextlib.contextmanager
+def gpu_forms_on_this_cpu(trainer):
+    """``trainer``'s step traced in a GPU's forms wherever they run on a CPU: the model asks the process's backend
+    (no mesh) and is told ``gpu`` (the token table gathered in float32, the GELU, bias sums and projections in their
+    GPU forms, the logits as wide as their GEMM), the norms are the Pallas kernels (run by Pallas's interpreter) with
+    the dense layers' biases, and a call's bfloat16 copies of the weights are carried; only cuDNN's attention (the
+    explicit attention a GPU falls back to instead) and Triton's compile are not a GPU's."""
+    from tpu_pretrain.jax_backend import gpu_layer_norm
+
+    mesh, copies = trainer.model.data_mesh, trainer.carry_copies
+    trainer.model.data_mesh, trainer.carry_copies = None, True
+    try:
+        with mock.patch("jax.default_backend", lambda: "gpu"), \
+                mock.patch.object(gpu_layer_norm, "target_platform", lambda mesh=None: "cpu"), \
+                mock.patch.dict(os.environ, {"TPU_PRETRAIN_LAYERNORM": "pallas"}):
+            yield
+    finally:
+        trainer.model.data_mesh, trainer.carry_copies = mesh, copies
+
+
+def test_the_gpus_forms_assembled_give_the_cpus_step_where_they_run_here(made, cases):
+    """The GPU's step as far as a CPU can run it (:func:`gpu_forms_on_this_cpu`), on both batches: the reference's
+    loss and gradients to bfloat16's error, as the CPU's own bfloat16 step. What the card's check adds to this:
+    cuDNN's kernels, Triton's compile of the norms, and the GPU's own arithmetic."""
+    import jax
+
+    from tpu_pretrain.jax_backend import step
+
+    candidate = made["candidate"]
+    for case, (batch, separator) in cases.items():
+        results = {name: numerics.loss_and_gradients(made[name], batch, separator)
+                   for name in ("cpu_bfloat16", "reference")}
+        with gpu_forms_on_this_cpu(candidate):
+            results["candidate"] = numerics.loss_and_gradients(candidate, batch, separator)
+            jaxpr = str(jax.make_jaxpr(functools.partial(step.gradients, candidate.spec))(
+                step.with_copies(candidate.spec, candidate.state, batch), batch))
+        assert "pallas_call" in jaxpr, case  # the norms are the kernels
+        found = numerics.compared(candidate.names, results)
+        assert not found["wrong"], (case, found["wrong"])
+        assert results["candidate"][1][0].tobytes() != results["cpu_bfloat16"][1][0].tobytes(), case  # other forms
