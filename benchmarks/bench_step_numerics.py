@@ -1,8 +1,8 @@
 """The training step's loss and gradients on this machine's accelerator against the CPU's in float32, from the same
 weights and batch: a fast step that computes the wrong thing would still be timed.
 
-Usage: python benchmarks/bench_step_numerics.py [--model_size L12-H768] [--batch 8] [--seq 128] [--pred 20]
-           [--json FILE] [--smoke]
+Usage: python benchmarks/bench_step_numerics.py [--model_family bert|modernbert] [--model_size L12-H768] [--batch 8]
+           [--seq 128] [--pred 20] [--json FILE] [--smoke]
 
 Each platform-specific form of the JAX step (on a GPU: cuDNN's attention, the Pallas LayerNorm kernels, the weights'
 bfloat16 copies carried through a call, the bias sums widened by their bits, the token table gathered in float32, the
@@ -49,10 +49,11 @@ def trainers(args, folder: str) -> dict:
     """The three JAX trainers of one random data folder, the CPU's with the candidate's weights."""
     from tpu_pretrain.jax_backend.trainer import JaxTrainer
 
-    write_random_data_folder(folder, args.batch * 4, args.seq, args.pred, args.vocab)
+    write_random_data_folder(folder, args.batch * 4, args.seq, args.pred, args.vocab, no_nsp=mlm_only(args))
 
     def settings(**kw) -> Config:
-        return Config.load(data_dir=folder, output_dir=folder, model_size=args.model_size, backend="jax",
+        return Config.load(data_dir=folder, output_dir=folder, model_family=args.model_family,
+                           model_size=args.model_size, backend="jax",
                            train_batch_size=args.batch, num_train_steps=1000, hidden_dropout_prob=0.0, **kw)
 
     made = {"candidate": JaxTrainer(settings(mixed_precision=args.precision)),
@@ -64,12 +65,17 @@ def trainers(args, folder: str) -> dict:
     return made
 
 
+def mlm_only(args) -> bool:
+    """ModernBERT trains on MLM-only data."""
+    return args.model_family != "bert"
+
+
 def batches(args, separator: int) -> dict:
     """The rows whole, and the same rows padded (by up to a quarter of their length) with three [SEP]s at random
     places in what is left; the masked positions past a row's end point at 0 with weight 0, as the data's do."""
     from tpu_pretrain.jax_backend.input import to_model_dtypes
 
-    whole = to_model_dtypes(random_batch(args.batch, args.seq, args.pred, args.vocab, seed=5))
+    whole = to_model_dtypes(random_batch(args.batch, args.seq, args.pred, args.vocab, 5, mlm_only(args)))
     apart = {k: v.copy() for k, v in whole.items()}
     rng = np.random.default_rng(6)
     for row in range(args.batch):
@@ -151,7 +157,8 @@ def show(case: str, found: dict, top: int = 6) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model_size", default="L12-H768")
+    parser.add_argument("--model_family", default="bert", choices=("bert", "modernbert"))
+    parser.add_argument("--model_size", default="L12-H768", help="(ModernBERT: base, L4-H256...)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--pred", type=int, default=20)

@@ -25,8 +25,9 @@
 #    (each norm's partial gradients a reduction each); benchmarks/GPU_NOTES.md has what each was predicted to move.
 # 2. bench_gpu.py: the step, the command's steady rate, both PyTorch peers (ModernBERT at 1,024, whose goal two
 #    cards met, left out for time: `run --with_modernbert` keeps it, past a call's 10 minutes if all runs long).
-# 3. bench_step_numerics.py (about 60 s, in the time left): the step's loss and gradients on the card against the card's CPU in
-#    float32, beside the CPU's own bfloat16 step, from the same weights, rows whole and padded with documents apart:
+# 3. bench_step_numerics.py (about 60 s and 40 s, in the time left): the step's loss and gradients on the card
+#    (BERT-base as timed; a small ModernBERT at 1,024) against the card's CPU in float32, beside the CPU's own bfloat16
+#    step, from the same weights, rows whole and padded with documents apart:
 #    the GPU's forms of the step (cuDNN's attention, the Pallas norms, the carried copies, the widened bias sums...)
 #    have each been checked against their generic forms on a CPU, but the assembled step has never run anywhere else.
 set -uo pipefail
@@ -74,6 +75,18 @@ part() {  # part NAME SECONDS COMMAND...: one part under its timeout, its output
     echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
 }
 
+part_in_time_left() {  # part_in_time_left NAME COMMAND...: a part under what is left of a call's 600 s (at most 120)
+    local left=$((585 - SECONDS))
+    [ "$left" -gt 120 ] && left=120
+    local name=$1
+    shift
+    if [ "$left" -ge 30 ]; then
+        part "$name" "$left" "$@"
+    else
+        echo "== $name: skipped, ${left} s left of the call"
+    fi
+}
+
 run() {
     # bench_gpu.py's budget: it gives each phase its share and skips one whose share falls under its floor (the
     # step's 50 s): the four phases fit in 320 s, all six in its default 420
@@ -101,14 +114,13 @@ run() {
     # keeps its logs in its own work folder
     [ -d "$OUT/bench_gpu_logs" ] && tar -czf "$OUT/bench_gpu_logs.tgz" --exclude=trace.json.gz -C "$OUT" \
         bench_gpu_logs && rm -rf "$OUT/bench_gpu_logs"
-    # last, in what is left of a call's 600 s: the figures above are what the call is for
-    local left=$((585 - SECONDS))
-    [ "$left" -gt 120 ] && left=120
-    if [ "$left" -ge 30 ]; then
-        part numerics "$left" "$python" benchmarks/bench_step_numerics.py $smoke --json "$OUT/numerics.json"
-    else
-        echo "== numerics: skipped, ${left} s left of the call"
-    fi
+    # last, in what is left of a call's 600 s (the figures above are what the call is for): BERT-base's step as
+    # timed, and a small ModernBERT at 1,024 (its local and global attention, documents apart as the command has them)
+    local modern=()
+    [ -z "$smoke" ] && modern=(--model_size L6-H256 --seq 1024 --pred 150 --batch 4)
+    part_in_time_left numerics_bert "$python" benchmarks/bench_step_numerics.py $smoke
+    part_in_time_left numerics_modernbert "$python" benchmarks/bench_step_numerics.py $smoke \
+        --model_family modernbert "${modern[@]}"
     echo "== done: $OUT"
 }
 

@@ -18,26 +18,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_step_numerics as numerics  # noqa: E402
 
-ARGS = argparse.Namespace(model_size="L2-H128", batch=4, seq=32, pred=5, vocab=1000, precision="bfloat16")
+
+def shape(family: str) -> argparse.Namespace:
+    """A tiny model of ``family`` (ModernBERT on MLM-only data), the candidate the CPU in bfloat16."""
+    return argparse.Namespace(model_family=family, model_size="L2-H128", batch=4, seq=32, pred=5, vocab=1000,
+                              precision="bfloat16")
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    trainers = numerics.trainers(ARGS, str(tmp_path_factory.mktemp("numerics")))
-    yield trainers
+@pytest.fixture(scope="module", params=["bert", "modernbert"])
+def made(request, tmp_path_factory):
+    """``(the three trainers, the two batches)`` of a tiny model of the family."""
+    from tpu_pretrain.jax_backend.input import separator_id
+
+    trainers = numerics.trainers(shape(request.param), str(tmp_path_factory.mktemp("numerics")))
+    candidate = trainers["candidate"]
+    yield trainers, numerics.batches(shape(request.param), separator_id(candidate.model_config, candidate.vocab))
     for t in trainers.values():
         t.close()
 
 
-@pytest.fixture(scope="module")
-def cases(made):
-    from tpu_pretrain.jax_backend.input import separator_id
-
-    candidate = made["candidate"]
-    return numerics.batches(ARGS, separator_id(candidate.model_config, candidate.vocab))
-
-
-def test_the_step_as_it_is_passes_with_bfloat16s_own_error(made, cases):
+def test_the_step_as_it_is_passes_with_bfloat16s_own_error(made):
+    made, cases = made
     for case, (batch, separator) in cases.items():
         results = {name: numerics.loss_and_gradients(t, batch, separator) for name, t in made.items()}
         found = numerics.compared(made["candidate"].names, results)
@@ -47,12 +48,14 @@ def test_the_step_as_it_is_passes_with_bfloat16s_own_error(made, cases):
         assert base["loss_error"] < 1e-3, case
 
 
-def test_a_form_wrong_in_the_candidate_alone_is_named(made, cases):
+@pytest.mark.parametrize("made", ["bert"], indirect=True)
+def test_a_form_wrong_in_the_candidate_alone_is_named(made):
     """The position table added 10% too strongly (rows whole: positions from 0 to the end), in the candidate's step
     only: its gradient is found off by more than the floor (~7%) and named; the loss moves by less than the loss's
     tolerance, so only the gradients show it."""
     from tpu_pretrain.jax_backend import model as model_module
 
+    made, cases = made
     add_bias = model_module.add_bias
     batch, separator = cases["whole"]
     results = {name: numerics.loss_and_gradients(made[name], batch, separator)
@@ -85,7 +88,7 @@ def gpu_forms_on_this_cpu(trainer):
         trainer.model.data_mesh, trainer.carry_copies = mesh, copies
 
 
-def test_the_gpus_forms_assembled_give_the_cpus_step_where_they_run_here(made, cases):
+def test_the_gpus_forms_assembled_give_the_cpus_step_where_they_run_here(made):
     """The GPU's step as far as a CPU can run it (:func:`gpu_forms_on_this_cpu`), on both batches: the reference's
     loss and gradients to bfloat16's error, as the CPU's own bfloat16 step. What the card's check adds to this:
     cuDNN's kernels, Triton's compile of the norms, and the GPU's own arithmetic."""
@@ -93,6 +96,7 @@ def test_the_gpus_forms_assembled_give_the_cpus_step_where_they_run_here(made, c
 
     from tpu_pretrain.jax_backend import step
 
+    made, cases = made
     candidate = made["candidate"]
     for case, (batch, separator) in cases.items():
         results = {name: numerics.loss_and_gradients(made[name], batch, separator)
