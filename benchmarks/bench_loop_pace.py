@@ -9,7 +9,8 @@ takes milliseconds. On the same random data and settings, (1) the step alone: th
 to back (``JaxTrainer.train_steps``), and (2) runs of the loop of each ``--steps`` length through ``train()``, whose
 summary reports the steady rate. Printed: each run's summary rate against the step's (the loop should cost under
 10%), and the shortest run's against the longest's (the figure a user is told should not depend on the run's
-length: within 15%). ``--smoke``: 16 and 32 steps of batch 4 (seconds; meaningless figures).
+length: within 15%). The step is timed before the runs and after, against their mean: on a shared machine one
+reading alone has been 15% off the other. ``--smoke``: 16 and 32 steps of batch 4 (seconds; meaningless figures).
 """
 
 from __future__ import annotations
@@ -58,14 +59,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         write_random_data_folder(folder, max(512, args.batch * 8), args.seq, max(1, args.seq * 15 // 100), 1000,
                                  eval_n=args.batch)
-        step = step_rate(args, folder)
+        before = step_rate(args, folder)
         runs = {}
         for steps in args.steps:
             result = train(settings(args, folder, os.path.join(folder, f"run{steps}"), steps), progress=False)
             runs[steps] = result
+        after = step_rate(args, folder)  # a machine whose speed drifted over the runs shows it here
+    step = (before + after) / 2
     print(f"model {args.model_size}, batch {args.batch} x {args.seq} tokens, {args.steps_per_execution} steps per "
           f"call, log every {args.log_every_steps} (calls cut at each log line)")
-    print(f"the step alone (calls back to back): {step:.1f} sequences/s")
+    print(f"the step alone (calls back to back): {step:.1f} sequences/s ({before:.1f} before the runs, {after:.1f} "
+          "after)")
     for steps, result in runs.items():
         rate = result.examples_per_second
         print(f"train, {steps} steps: {rate:.1f} sequences/s steady ({rate / step:.1%} of the step; aim >= 90%), "
