@@ -1,5 +1,5 @@
-"""The training step's loss and gradients on this machine's accelerator against the CPU's in float32, from the same
-weights and batch: a fast step that computes the wrong thing would still be timed.
+"""The training step's loss, gradients and updates on this machine's accelerator against the CPU's in float32, from
+the same weights and batches: a fast step that computes the wrong thing would still be timed.
 
 Usage: python benchmarks/bench_step_numerics.py [--model_family bert|modernbert] [--model_size L12-H768] [--batch 8]
            [--seq 128] [--pred 20] [--json FILE] [--smoke]
@@ -16,9 +16,13 @@ ways, from the candidate's weights:
 - ``reference``: the CPU in float32,
 
 on two batches: rows whole (the step benchmark's), and rows padded with documents kept apart (the command's data:
-each row cut by [SEP]s into documents that attend within themselves). A weight's error is ``|g - g_ref| / |g_ref|``.
+each row cut by [SEP]s into documents that attend within themselves). Then ``two_steps``: each weight's change over
+two steps of the trainer's own call (:func:`tpu_pretrain.jax_backend.step.train_chunk`: the clipping, AdamW and, on a
+GPU, the bfloat16 copies the first step's update writes for the second), at a learning rate that moves the weights
+by about half their initial spread. A weight's error is ``|g - g_ref| / |g_ref|`` (its gradient's, or its change's).
 Verdict ``ok`` where the candidate's loss is within 1% of the reference's and its error, over all weights and for
-each, is at most 4x cpu_bfloat16's or 5% (a wrong form's error is of the order of 1); else ``WRONG`` and exit 1.
+each, is at most 4x cpu_bfloat16's or 5% (a wrong form's error is of the order of 1: a second step reading stale
+copies puts the changes ~40% off); else ``WRONG`` and exit 1.
 ``--smoke``: L2-H128, batch 4 x 32 tokens, the candidate the CPU in bfloat16 (seconds; it checks the script).
 """
 
@@ -42,6 +46,9 @@ from tpu_pretrain.config import Config  # noqa: E402
 from tpu_pretrain.data.random_data import random_batch, write_random_data_folder  # noqa: E402
 
 LOSS_TOLERANCE = 0.01  # the candidate's loss against the reference's, relative
+# the two steps' learning rate, no warm-up: the first step moves the weights by about half their initial spread, so a
+# second step that read weights other than the first one's update (its copies, say) could not come out the same
+STEP_LEARNING_RATE = 1e-2
 ERROR_FACTOR, ERROR_FLOOR = 4.0, 0.05  # a gradient's error: at most ERROR_FACTOR x bfloat16's on the CPU, or the floor
 
 
@@ -54,7 +61,8 @@ def trainers(args, folder: str) -> dict:
     def settings(**kw) -> Config:
         return Config.load(data_dir=folder, output_dir=folder, model_family=args.model_family,
                            model_size=args.model_size, backend="jax",
-                           train_batch_size=args.batch, num_train_steps=1000, hidden_dropout_prob=0.0, **kw)
+                           train_batch_size=args.batch, num_train_steps=1000, hidden_dropout_prob=0.0,
+                           num_warmup_steps=0, learning_rate=STEP_LEARNING_RATE, **kw)
 
     made = {"candidate": JaxTrainer(settings(mixed_precision=args.precision)),
             "cpu_bfloat16": JaxTrainer(settings(accelerator="cpu", mixed_precision="bfloat16")),
@@ -70,12 +78,17 @@ def mlm_only(args) -> bool:
     return args.model_family != "bert"
 
 
+def rows(args, seed: int) -> dict:
+    """A batch of random rows, whole, in the trainer's dtypes."""
+    from tpu_pretrain.jax_backend.input import to_model_dtypes
+
+    return to_model_dtypes(random_batch(args.batch, args.seq, args.pred, args.vocab, seed, mlm_only(args)))
+
+
 def batches(args, separator: int) -> dict:
     """The rows whole, and the same rows padded (by up to a quarter of their length) with three [SEP]s at random
     places in what is left; the masked positions past a row's end point at 0 with weight 0, as the data's do."""
-    from tpu_pretrain.jax_backend.input import to_model_dtypes
-
-    whole = to_model_dtypes(random_batch(args.batch, args.seq, args.pred, args.vocab, 5, mlm_only(args)))
+    whole = rows(args, seed=5)
     apart = {k: v.copy() for k, v in whole.items()}
     rng = np.random.default_rng(6)
     for row in range(args.batch):
@@ -116,15 +129,38 @@ def loss_and_gradients(trainer, batch: dict, separator: int | None) -> tuple[flo
     return loss, [np.asarray(g, np.float32) for g in grads], None if scale is None else float(scale)
 
 
+def two_steps(trainer, batches: list[dict]) -> tuple[float, list[np.ndarray], float | None]:
+    """Each weight's change over two steps of the trainer's own call (:func:`..step.train_chunk`, as the trainer
+    compiles it, without donating the state): the clipping, the optimizer's update and, on a GPU, the bfloat16 copies
+    the first step's update writes and the second step reads; and the two steps' mean MLM loss."""
+    import jax
+
+    from tpu_pretrain.core import metrics
+    from tpu_pretrain.jax_backend import step
+    from tpu_pretrain.jax_backend.devices import fetch
+    from tpu_pretrain.jax_backend.input import BATCH_FEATURES
+
+    trainer.model.document_separator = None
+    stacked = {k: np.stack([b[k] for b in batches]) for k in BATCH_FEATURES}
+    placed = jax.device_put(stacked, trainer.devices.split(axis=1))
+    call = jax.jit(functools.partial(step.train_chunk, trainer.spec), **trainer.devices.jit_options())
+    state, sums = call(trainer.state, placed)
+    before, after = fetch(trainer.state["params"]), fetch(state["params"])
+    scale = state.get(step.LOSS_SCALE, {}).get("scale")
+    return (metrics.metrics_from_sums(fetch(sums))["mlm_loss"],
+            [np.asarray(a, np.float32) - np.asarray(b, np.float32) for a, b in zip(after, before, strict=True)],
+            None if scale is None else float(fetch(scale)))
+
+
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm((got - want).ravel()) / max(np.linalg.norm(want.ravel()), 1e-30))
 
 
-def compared(names: list[str], results: dict) -> dict:
-    """The candidate's and cpu_bfloat16's errors against the reference: the loss's, over all weights, per weight;
-    and the verdict (the module's docstring)."""
+def compared(names: list[str], results: dict, what: str = "gradients") -> dict:
+    """The candidate's and cpu_bfloat16's errors against the reference (``results[who]``: a loss, an array per weight,
+    the loss scale): the loss's, over all weights, per weight; and the verdict (the module's docstring)."""
     ref_loss, ref = results["reference"][:2]
-    out = {"loss": {k: r[0] for k, r in results.items()}, "loss_scale": results["candidate"][2]}
+    out = {"what": what, "loss": {k: r[0] for k, r in results.items()}, "loss_scale": results["candidate"][2]}
     flat_ref = np.concatenate([g.ravel() for g in ref])
     wrong = []
     for who in ("candidate", "cpu_bfloat16"):
@@ -136,7 +172,7 @@ def compared(names: list[str], results: dict) -> dict:
     if not cand["loss_error"] <= LOSS_TOLERANCE:
         wrong.append(f"loss {cand['loss_error']:.2%} off")
     if not cand["overall"] <= max(ERROR_FACTOR * base["overall"], ERROR_FLOOR):
-        wrong.append(f"gradients {cand['overall']:.2%} off overall")
+        wrong.append(f"{what} {cand['overall']:.2%} off overall")
     wrong += [f"{n} {e:.2%} off" for n, e in cand["weights"].items()
               if not e <= max(ERROR_FACTOR * base["weights"][n], ERROR_FLOOR)]
     out["wrong"] = wrong
@@ -146,7 +182,7 @@ def compared(names: list[str], results: dict) -> dict:
 def show(case: str, found: dict, top: int = 6) -> None:
     cand, base = found["candidate"], found["cpu_bfloat16"]
     losses = ", ".join(f"{k} {v:.5f}" for k, v in found["loss"].items())
-    print(f"{case}: loss {losses}; gradients off the reference overall: candidate {cand['overall']:.3%}, "
+    print(f"{case}: loss {losses}; {found['what']} off the reference overall: candidate {cand['overall']:.3%}, "
           f"cpu_bfloat16 {base['overall']:.3%}" + (f" (float16 loss scale {found['loss_scale']:g})"
                                                    if found["loss_scale"] else ""))
     worst = sorted(cand["weights"], key=lambda n: -cand["weights"][n] / max(base["weights"][n], 1e-12))[:top]
@@ -175,10 +211,15 @@ def main() -> None:
         candidate = made["candidate"]
         print(f"candidate: {candidate.describe()}", flush=True)
         report = {"candidate": candidate.describe(), "cases": {}}
-        for case, (batch, separator) in batches(args, separator_id(candidate.model_config, candidate.vocab)).items():
+        cases = batches(args, separator_id(candidate.model_config, candidate.vocab))
+        for case, (batch, separator) in cases.items():
             results = {name: loss_and_gradients(t, batch, separator) for name, t in made.items()}
             report["cases"][case] = compared(candidate.names, results)
             show(case, report["cases"][case])
+        steps = [cases["whole"][0], rows(args, seed=7)]
+        report["cases"]["two_steps"] = compared(candidate.names, {n: two_steps(t, steps) for n, t in made.items()},
+                                                "updates")
+        show("two_steps", report["cases"]["two_steps"])
         for t in made.values():
             t.close()
     if args.json:

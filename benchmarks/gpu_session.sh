@@ -25,9 +25,9 @@
 #    (each norm's partial gradients a reduction each); benchmarks/GPU_NOTES.md has what each was predicted to move.
 # 2. bench_gpu.py: the step, the command's steady rate, both PyTorch peers (ModernBERT at 1,024, whose goal two
 #    cards met, left out for time: `run --with_modernbert` keeps it, past a call's 10 minutes if all runs long).
-# 3. bench_step_numerics.py (about 40 s and 20 s, in the time left): the step's loss and gradients on the card
-#    (BERT-base as timed; a small ModernBERT at 1,024) against the card's CPU in float32, beside the CPU's own bfloat16
-#    step, from the same weights, rows whole and padded with documents apart. The GPU's forms of the step (cuDNN's
+# 3. bench_step_numerics.py (about 60 s and 30 s, in the time left): the step's loss, gradients (rows whole, and
+#    padded with documents apart) and two steps' updates on the card (BERT-base as timed; a small ModernBERT at
+#    1,024) against the card's CPU in float32, beside the CPU's own bfloat16 step, from the same weights. The GPU's forms of the step (cuDNN's
 #    attention, the Pallas norms, the carried copies, the widened bias sums...) are each checked against their
 #    generic forms on a CPU by the tests; the step assembled from them runs only on a card.
 set -uo pipefail

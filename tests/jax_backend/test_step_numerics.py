@@ -1,6 +1,7 @@
 """``benchmarks/bench_step_numerics.py``, the card's check that its assembled step computes what the CPU's does, run
-here with the CPU in bfloat16 as the candidate: the step as it is passes on both batches, bfloat16's own error
-showing; a form wrong in the candidate's step alone (as a GPU-only form would be) is found, and named."""
+here with the CPU in bfloat16 as the candidate: the step as it is passes on both batches and over two steps,
+bfloat16's own error showing, for BERT and ModernBERT, and so do the GPU's forms run on this CPU as far as they can
+be; a form wrong in the candidate's step alone (as a GPU-only form would be) is found, and named."""
 
 import argparse
 import contextlib
@@ -27,18 +28,20 @@ def shape(family: str) -> argparse.Namespace:
 
 @pytest.fixture(scope="module", params=["bert", "modernbert"])
 def made(request, tmp_path_factory):
-    """``(the three trainers, the two batches)`` of a tiny model of the family."""
+    """``(the three trainers, the two batches, two steps' batches)`` of a tiny model of the family."""
     from tpu_pretrain.jax_backend.input import separator_id
 
     trainers = numerics.trainers(shape(request.param), str(tmp_path_factory.mktemp("numerics")))
     candidate = trainers["candidate"]
-    yield trainers, numerics.batches(shape(request.param), separator_id(candidate.model_config, candidate.vocab))
+    args = shape(request.param)
+    yield (trainers, numerics.batches(args, separator_id(candidate.model_config, candidate.vocab)),
+           [numerics.rows(args, seed=5), numerics.rows(args, seed=7)])
     for t in trainers.values():
         t.close()
 
 
 def test_the_step_as_it_is_passes_with_bfloat16s_own_error(made):
-    made, cases = made
+    made, cases, steps = made
     for case, (batch, separator) in cases.items():
         results = {name: numerics.loss_and_gradients(t, batch, separator) for name, t in made.items()}
         found = numerics.compared(made["candidate"].names, results)
@@ -46,6 +49,10 @@ def test_the_step_as_it_is_passes_with_bfloat16s_own_error(made):
         base = found["cpu_bfloat16"]
         assert 1e-3 < base["overall"] < 0.05, case  # bfloat16's error: there, and small
         assert base["loss_error"] < 1e-3, case
+    found = numerics.compared(made["candidate"].names, {n: numerics.two_steps(t, steps) for n, t in made.items()},
+                              "updates")
+    assert not found["wrong"], found["wrong"]
+    assert 1e-3 < found["cpu_bfloat16"]["overall"] < 0.2  # two steps of bfloat16, each near sign(gradient) x rate
 
 
 @pytest.mark.parametrize("made", ["bert"], indirect=True)
@@ -55,7 +62,7 @@ def test_a_form_wrong_in_the_candidate_alone_is_named(made):
     tolerance, so only the gradients show it."""
     from tpu_pretrain.jax_backend import model as model_module
 
-    made, cases = made
+    made, cases, _ = made
     add_bias = model_module.add_bias
     batch, separator = cases["whole"]
     results = {name: numerics.loss_and_gradients(made[name], batch, separator)
@@ -96,7 +103,7 @@ def test_the_gpus_forms_assembled_give_the_cpus_step_where_they_run_here(made):
 
     from tpu_pretrain.jax_backend import step
 
-    made, cases = made
+    made, cases, steps = made
     candidate = made["candidate"]
     for case, (batch, separator) in cases.items():
         results = {name: numerics.loss_and_gradients(made[name], batch, separator)
@@ -109,3 +116,31 @@ def test_the_gpus_forms_assembled_give_the_cpus_step_where_they_run_here(made):
         found = numerics.compared(candidate.names, results)
         assert not found["wrong"], (case, found["wrong"])
         assert results["candidate"][1][0].tobytes() != results["cpu_bfloat16"][1][0].tobytes(), case  # other forms
+    results = {name: numerics.two_steps(made[name], steps) for name in ("cpu_bfloat16", "reference")}
+    with gpu_forms_on_this_cpu(candidate):
+        results["candidate"] = numerics.two_steps(candidate, steps)
+    found = numerics.compared(candidate.names, results, "updates")
+    assert not found["wrong"], found["wrong"]
+
+
+@pytest.mark.parametrize("made", ["bert"], indirect=True)
+def test_a_second_step_reading_stale_copies_is_found(made):
+    """The GPU's step as far as a CPU runs it, its update not writing the weights' bfloat16 copies (the second step
+    reads the first's weights): the two steps' updates are found ~40% off the reference, every weight named, where
+    the step as it is passes (above)."""
+    from tpu_pretrain.jax_backend import step
+
+    made, _, steps = made
+    candidate, train_step = made["candidate"], step.train_step
+
+    def stale_copies(spec, state, batch):
+        new, stats = train_step(spec, state, batch)
+        return {**new, step.COPIES: state[step.COPIES]}, stats
+
+    results = {name: numerics.two_steps(made[name], steps) for name in ("cpu_bfloat16", "reference")}
+    with gpu_forms_on_this_cpu(candidate), mock.patch.object(step, "train_step", stale_copies):
+        results["candidate"] = numerics.two_steps(candidate, steps)
+    found = numerics.compared(candidate.names, results, "updates")
+    assert found["candidate"]["overall"] > 10 * found["cpu_bfloat16"]["overall"]
+    assert f"updates {found['candidate']['overall']:.2%} off overall" in found["wrong"]
+    assert len(found["wrong"]) > len(candidate.names) // 2
