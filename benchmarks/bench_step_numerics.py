@@ -129,11 +129,13 @@ def loss_and_gradients(trainer, batch: dict, separator: int | None) -> tuple[flo
     return loss, [np.asarray(g, np.float32) for g in grads], None if scale is None else float(scale)
 
 
-def two_steps(trainer, batches: list[dict]) -> tuple[float, list[np.ndarray], float | None]:
+def two_steps(trainer, batches: list[dict], scale: float | None = None) -> tuple[float, list[np.ndarray], float | None]:
     """Each weight's change over two steps of the trainer's own call (:func:`..step.train_chunk`, as the trainer
     compiles it, without donating the state): the clipping, the optimizer's update and, on a GPU, the bfloat16 copies
-    the first step's update writes and the second step reads; and the two steps' mean MLM loss."""
+    the first step's update writes and the second step reads; and the two steps' mean MLM loss. ``scale``: float16's
+    loss scale to start from (one found finite on the first batch: a step that overflowed would not update)."""
     import jax
+    import jax.numpy as jnp
 
     from tpu_pretrain.core import metrics
     from tpu_pretrain.jax_backend import step
@@ -144,7 +146,10 @@ def two_steps(trainer, batches: list[dict]) -> tuple[float, list[np.ndarray], fl
     stacked = {k: np.stack([b[k] for b in batches]) for k in BATCH_FEATURES}
     placed = jax.device_put(stacked, trainer.devices.split(axis=1))
     call = jax.jit(functools.partial(step.train_chunk, trainer.spec), **trainer.devices.jit_options())
-    state, sums = call(trainer.state, placed)
+    state = trainer.state
+    if scale is not None and step.LOSS_SCALE in state:
+        state = {**state, step.LOSS_SCALE: {**state[step.LOSS_SCALE], "scale": jnp.float32(scale)}}
+    state, sums = call(state, placed)
     before, after = fetch(trainer.state["params"]), fetch(state["params"])
     scale = state.get(step.LOSS_SCALE, {}).get("scale")
     return (metrics.metrics_from_sums(fetch(sums))["mlm_loss"],
@@ -212,13 +217,15 @@ def main() -> None:
         print(f"candidate: {candidate.describe()}", flush=True)
         report = {"candidate": candidate.describe(), "cases": {}}
         cases = batches(args, separator_id(candidate.model_config, candidate.vocab))
+        scales = {}
         for case, (batch, separator) in cases.items():
             results = {name: loss_and_gradients(t, batch, separator) for name, t in made.items()}
+            scales = scales or {name: r[2] for name, r in results.items()}  # found finite on the first step's batch
             report["cases"][case] = compared(candidate.names, results)
             show(case, report["cases"][case])
         steps = [cases["whole"][0], rows(args, seed=7)]
-        report["cases"]["two_steps"] = compared(candidate.names, {n: two_steps(t, steps) for n, t in made.items()},
-                                                "updates")
+        report["cases"]["two_steps"] = compared(
+            candidate.names, {n: two_steps(t, steps, scales[n]) for n, t in made.items()}, "updates")
         show("two_steps", report["cases"]["two_steps"])
         for t in made.values():
             t.close()
