@@ -20,6 +20,7 @@ pytest.importorskip("jax")  # in .venv-jax only (tests/jax_backend/conftest.py)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from bert_rows import batch, loss_of_weights  # noqa: E402
+from jaxprs import equations  # noqa: E402
 
 from tpu_pretrain.jax_backend.lean_layers import _bfloat16_widened, add_bias  # noqa: E402
 from tpu_pretrain.jax_backend.lookups import gathered_rows  # noqa: E402
@@ -91,16 +92,8 @@ def test_gathered_rows_are_the_cast_tables_with_float32_sums_of_their_gradients(
 def bfloat16_sums(jaxpr) -> list[str]:
     """Every ``reduce_sum`` or scatter-add of bfloat16 values in ``jaxpr`` and the jaxprs inside it, as ``name:
     shape``."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("reduce_sum", "scatter-add") and eqn.invars[0].aval.dtype == jnp.bfloat16:
-            found.append(f"{eqn.source_info.name_stack}: {eqn.invars[0].aval.str_short()}")
-        for param in eqn.params.values():
-            for inner in param if isinstance(param, list | tuple) else [param]:
-                inner = getattr(inner, "jaxpr", inner)  # a closed jaxpr's own
-                if hasattr(inner, "eqns"):
-                    found += bfloat16_sums(inner)
-    return found
+    return [f"{e.source_info.name_stack}: {e.invars[0].aval.str_short()}" for e in equations(jaxpr)
+            if e.primitive.name in ("reduce_sum", "scatter-add") and e.invars[0].aval.dtype == jnp.bfloat16]
 
 
 def gradient_jaxpr(model, ids, segments, positions):

@@ -25,6 +25,7 @@ pytest.importorskip("jax")  # in .venv-jax only (tests/jax_backend/conftest.py)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from jaxprs import equations  # noqa: E402
 
 from tpu_pretrain.jax_backend.lean_layers import (  # noqa: E402
     LayerNorm,
@@ -246,8 +247,8 @@ def test_a_model_takes_the_forms_of_the_platform_its_mesh_is_on():
             outputs = model.stateless_call(w, others, [ids, jnp.zeros_like(ids), jnp.zeros((2, 4), jnp.int32)])[0]
             return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree_util.tree_leaves(outputs))
 
-        equations = list(_equations(jax.make_jaxpr(jax.grad(loss))(weights).jaxpr))
-        return tuple({str(e.invars[0].aval.dtype) for e in equations if e.primitive.name == name}
+        found = list(equations(jax.make_jaxpr(jax.grad(loss))(weights).jaxpr))
+        return tuple({str(e.invars[0].aval.dtype) for e in found if e.primitive.name == name}
                      for name in ("gather", "tanh"))
 
     gpu = ({"float32"}, {"bfloat16"})
@@ -257,14 +258,3 @@ def test_a_model_takes_the_forms_of_the_platform_its_mesh_is_on():
         assert forms() == ({"bfloat16"}, {"float32"})
     model.data_mesh = None
     assert forms() == ({"bfloat16"}, {"float32"})
-
-
-def _equations(jaxpr):
-    """Every equation of ``jaxpr`` and of the jaxprs inside it (jit, custom_vjp, control flow)."""
-    for e in jaxpr.eqns:
-        yield e
-        for value in e.params.values():
-            for inner in value if isinstance(value, list | tuple) else (value,):
-                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
